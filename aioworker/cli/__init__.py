@@ -1,0 +1,1 @@
+"""The `aioworker` command line: one module per subcommand, imported only when it runs."""

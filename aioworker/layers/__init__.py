@@ -1,0 +1,1 @@
+"""Building blocks of the decoder: linear (tensor-parallel), norm, rotary, embedding, attention."""

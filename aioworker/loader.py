@@ -1,0 +1,161 @@
+"""Load safetensors checkpoints straight into (sharded) parameters, one tensor at a time.
+
+Every parameter carries a `weight_loader` that copies its own slice, so tensor-parallel sharding
+happens here and no second full copy of the model is ever held. Missing, unexpected and
+mis-shaped tensors are errors that name the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+
+class WeightsError(ValueError):
+    """The checkpoint does not fit the model; the message names the tensor."""
+
+
+# Checkpoint tensors that carry no weights of ours (recomputed at start-up).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors files in {model_dir}; is this a model directory?")
+    return files
+
+
+def iterate_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                yield name, handle.get_tensor(name)
+
+
+def count_tensors(files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            total += len(list(handle.keys()))  # noqa: SIM118
+    return total
+
+
+def load_weights(
+    model: nn.Module,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    total: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Copy each named checkpoint tensor into its parameter (merged ones by shard id)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    packed: dict[str, tuple[str, int]] = getattr(model, "packed_modules", {})
+    tied = _tied_names(model)
+    expected = {name for name in params if name not in tied}
+    loaded: set[str] = set()
+    bar = tqdm(
+        total=total, desc="loading weights", unit="tensor", disable=not progress, leave=False
+    )
+    for name, tensor in tensors:
+        bar.update(1)
+        if name.endswith(_IGNORED_SUFFIXES) or name in tied:
+            continue
+        param_name, shard_id = _resolve(name, packed)
+        if param_name not in params:
+            raise WeightsError(
+                f"unexpected tensor {name!r} in the checkpoint: the model has no such parameter"
+            )
+        _load_one(params[param_name], tensor, name, shard_id)
+        loaded.add(param_name if shard_id is None else f"{param_name}#{shard_id}")
+    bar.close()
+    _check_complete(expected, loaded, packed)
+
+
+def _load_one(param: nn.Parameter, tensor: torch.Tensor, name: str, shard_id: int | None) -> None:
+    loader = param.weight_loader if hasattr(param, "weight_loader") else _default_loader
+    tensor = tensor.to(param.dtype)
+    try:
+        with torch.no_grad():
+            if shard_id is None:
+                loader(param, tensor, name)
+            else:
+                loader(param, tensor, name, shard_id)
+    except (ValueError, RuntimeError) as exc:
+        raise WeightsError(str(exc) if name in str(exc) else f"{name}: {exc}") from exc
+
+
+def _default_loader(param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
+    if loaded.shape != param.shape:
+        raise ValueError(
+            f"{name}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded)
+
+
+def _resolve(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:
+    for part, (merged, shard_id) in packed.items():
+        if f".{part}." in name:
+            return name.replace(f".{part}.", f".{merged}."), shard_id
+    return name, None
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    """Names that alias another parameter (tied LM head): loading the original fills them."""
+    first_name: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first_name:
+            tied.add(name)
+        else:
+            first_name[id(param)] = name
+    return tied
+
+
+def _check_complete(
+    expected: set[str], loaded: set[str], packed: dict[str, tuple[str, int]]
+) -> None:
+    """Every parameter (every part of a merged one) must have been loaded; name what was not."""
+    parts_of: dict[str, list[tuple[str, int]]] = {}
+    for part, (merged, shard_id) in packed.items():
+        parts_of.setdefault(merged, []).append((part, shard_id))
+    missing = []
+    for name in sorted(expected):
+        merged = next((m for m in parts_of if f".{m}." in name), None)
+        if merged is None:
+            missing += [] if name in loaded else [name]
+            continue
+        missing += [
+            name.replace(f".{merged}.", f".{part}.")
+            for part, shard_id in parts_of[merged]
+            if f"{name}#{shard_id}" not in loaded
+        ]
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise WeightsError(f"the checkpoint is missing {len(missing)} tensor(s): {shown}")
+
+
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights at the config's shapes, for benchmarks. Small uniform values keep
+    activations finite through any depth; norms stay at one. Generated where the parameter lives."""
+    generators: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            if param.device not in generators:
+                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+            param.uniform_(-0.05, 0.05, generator=generators[param.device])

@@ -1,0 +1,59 @@
+"""The step contract between the scheduler and every rank's executor: StepPlan in, StepResult out.
+
+A plan carries deltas: a sequence's sampling spec and prompt length travel once (in `new_seqs`),
+and afterwards only its new tokens and newly allocated blocks do. Executors keep the rest, so
+plans stay small at hundreds of running requests. Plans are numbered: a rank that sees a gap
+has lost state and must stop.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingSpec(msgspec.Struct, array_like=True, frozen=True):
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    min_tokens: int
+    # Logits of these are masked while the sequence has fewer than min_tokens outputs.
+    stop_token_ids: list[int]
+
+
+class NewSeq(msgspec.Struct, array_like=True, frozen=True):
+    seq_id: int
+    num_prompt_tokens: int
+    sampling: SamplingSpec
+
+
+class StepPlan(msgspec.Struct, frozen=True, kw_only=True):
+    step_id: int
+    # Sequences scheduled this step, in batch order; the lists below are parallel to it.
+    seq_ids: list[int]
+    num_scheduled_tokens: list[int]
+    # Tokens already in the KV cache before this step (the position of the first input token).
+    start_positions: list[int]
+    # Blocks appended to each sequence's block table this step (all of them for a new sequence).
+    new_block_ids: list[list[int]]
+    # True where this step computes the last known token, so a new one is sampled.
+    sample: list[bool]
+    # Input tokens of all scheduled sequences, concatenated.
+    input_token_ids: list[int]
+    new_seqs: list[NewSeq] = []
+    # Finished, aborted or preempted since the last plan: executors drop their state first.
+    released_seq_ids: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_token_ids)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seq_ids
+
+
+class StepResult(msgspec.Struct, frozen=True):
+    step_id: int
+    # One token per sequence whose `sample` flag was set, in plan order.
+    sampled_token_ids: list[int]

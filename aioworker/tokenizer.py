@@ -1,0 +1,113 @@
+"""Text <-> token ids for a model directory, chat templates, and incremental detokenization.
+
+Torch-free: the client library detokenizes streamed token ids with this.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+class TokenizerError(ValueError):
+    """The model directory's tokenizer files are missing or unusable."""
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(
+                f"{path} is missing; text prompts need tokenizer.json (token-id prompts do not)"
+            )
+        self._tokenizer = _HFTokenizer.from_file(str(path))
+        config_path = model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = (
+            json.loads(config_path.read_text()) if config_path.is_file() else {}
+        )
+        self.chat_template: str | None = self.config.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates: take the default one
+            named = {t["name"]: t["template"] for t in self.chat_template}
+            self.chat_template = named.get("default", next(iter(named.values()), None))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        if not self.chat_template:
+            raise TokenizerError(
+                "this model has no chat template (tokenizer_config.json); drop --chat"
+            )
+        return _compile(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._special_text("bos_token"),
+            eos_token=self._special_text("eos_token"),
+        )
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        # The template already writes the special tokens; do not add BOS again.
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def _special_text(self, key: str) -> str:
+        value = self.config.get(key) or ""
+        return value.get("content", "") if isinstance(value, dict) else value
+
+
+def _raise(message: str) -> None:
+    raise TokenizerError(f"chat template error: {message}")
+
+
+def _compile(template: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, indent=indent, ensure_ascii=False
+    )
+    return env.from_string(template)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas without splitting multi-byte characters.
+
+    Decodes a short window of recent tokens and emits only the new text once it no longer ends in
+    an incomplete UTF-8 sequence (shown by the tokenizer as U+FFFD).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def add(self, token_ids: list[int]) -> str:
+        self.token_ids.extend(token_ids)
+        decode = self.tokenizer.decode
+        prefix = decode(
+            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
+        )
+        full = decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self.token_ids)
+        return full[len(prefix) :]

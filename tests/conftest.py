@@ -1,0 +1,32 @@
+"""Shared fixtures: the embedded model converted once, and tiny random Hugging Face models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aioworker.config import load_config
+from aioworker.model_source import resolve_model_path
+
+# Enough KV cache for every test prompt, small enough to allocate fast.
+EMBEDDED_OVERRIDES = {"cache.num_blocks": 512, "model.max_model_len": 2048}
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    return resolve_model_path("embedded", progress=False)
+
+
+def make_engine(model_dir: Path, **overrides):
+    from aioworker.engine import LLMEngine
+
+    settings = {"model.path": str(model_dir), **EMBEDDED_OVERRIDES, **overrides}
+    return LLMEngine.from_config(load_config(overrides=settings), progress=False)
+
+
+@pytest.fixture(scope="session")
+def embedded_engine(embedded_model_dir: Path):
+    engine = make_engine(embedded_model_dir)
+    yield engine
+    engine.close()

@@ -1,0 +1,64 @@
+"""Tiny randomly initialised Hugging Face models of each supported architecture, saved as
+safetensors, for parity tests against transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=384,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+
+
+def tiny_configs():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    return {
+        # Llama-3 rope scaling with a short original context so every band of the scaling matters.
+        "llama": LlamaConfig(
+            **_COMMON,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        # A window shorter than the longest sequence, so the sliding-window mask is exercised.
+        "mistral": MistralConfig(**_COMMON, sliding_window=40),
+        "qwen2": Qwen2Config(**_COMMON, tie_word_embeddings=True),
+        # head_dim differs from hidden_size / num_attention_heads, as in real Qwen3 models.
+        "qwen3": Qwen3Config(**_COMMON, head_dim=32),
+    }
+
+
+def build_tiny_model(name: str, out_dir: Path, seed: int = 0):
+    """Save a model with every parameter random (biases and norms too) and return it."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_configs()[name]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "norm" in param_name:
+                param.copy_(1.0 + 0.1 * noise)
+            else:
+                param.copy_(0.08 * noise)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(out_dir)
+    return model.eval()
