@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompts.add_argument(
         "--prompt-token-ids",
         metavar="JSON",
-        help="token-id prompts as JSON: [1, 2, 3] for one, [[1, 2], [3, 4]] for several",
+        help="token-id prompts as JSON: [1, 2, 3] for one, [[1, 2], [3, 4]] for several (after any --prompt)",
     )
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument(

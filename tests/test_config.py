@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from aioworker.config import ConfigError, load_config
+
+
+def test_defaults_and_overrides(tmp_path) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text('[cache]\nblock_size = 32\n[model]\npath = "/m"\n')
+    cfg = load_config(path, {"scheduler.max_num_seqs": 4, "model.seed": None})
+    assert cfg.cache.block_size == 32 and cfg.model.path == "/m"
+    assert cfg.scheduler.max_num_seqs == 4 and cfg.model.seed == 0
+
+
+def test_shipped_default_config_loads() -> None:
+    assert load_config("configs/default.toml").model.path == "embedded"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[cache]\nblok_size = 3\n", "blok_size"),
+        ("[cache]\nblock_size = 'big'\n", r"\$.cache.block_size"),
+        ("[cache]\nblock_size = 0\n", "cache.block_size is 0"),
+        ("[cache]\ngpu_memory_utilization = 1.5\n", "gpu_memory_utilization is 1.5"),
+        ("[model]\ndtype = 'int3'\n", r"\$.model.dtype"),
+        ("not toml ===", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/no/such/file.toml")

@@ -1,0 +1,142 @@
+"""The offline engine on the embedded SmolLM2 model: batch invariance, preemption, real answers,
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import msgspec
+import pytest
+
+from aioworker.model_config import ModelConfigError
+from aioworker.model_source import ModelNotFoundError
+from aioworker.sampling_params import InvalidRequestError, SamplingParams
+from aioworker.sequence import FinishReason
+from tests.conftest import make_engine
+
+NUM_TOKENS = 24
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+SEEDED = SamplingParams(
+    temperature=0.9, top_p=0.95, seed=4242, max_tokens=NUM_TOKENS, ignore_eos=True
+)
+
+
+@pytest.fixture(scope="module")
+def workload(embedded_engine):
+    """Seven mixed-length requests, then the target (added last, so it is the newest)."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(200, 40000) for _ in range(rng.randint(5, 120))] for _ in range(6)]
+    params = [GREEDY if i % 2 else msgspec.structs.replace(SEEDED, seed=i) for i in range(6)]
+    target = embedded_engine.encode("Name three colours of the rainbow.", chat=True)
+    return prompts + [target, target], params + [GREEDY, SEEDED]
+
+
+@pytest.fixture(scope="module")
+def batch_outputs(embedded_engine, workload):
+    prompts, params = workload
+    return [c.token_ids for c in embedded_engine.generate(prompts, params)]
+
+
+def test_request_alone_equals_request_in_a_batch_of_8(
+    embedded_engine, workload, batch_outputs
+) -> None:
+    prompts, params = workload
+    for index in (6, 7):  # the target, greedy and seeded
+        [alone] = embedded_engine.generate([prompts[index]], params[index])
+        assert alone.token_ids == batch_outputs[index]
+        assert len(alone.token_ids) == NUM_TOKENS
+
+
+def test_preempted_and_chunked_requests_give_unchanged_output(
+    embedded_model_dir, workload, batch_outputs
+) -> None:
+    prompts, params = workload
+    # 20 blocks of 16 tokens cannot hold 8 growing sequences; a 48-token budget chunks prompts.
+    engine = make_engine(
+        embedded_model_dir,
+        **{
+            "cache.num_blocks": 20,
+            "model.max_model_len": 320,
+            "scheduler.max_num_batched_tokens": 48,
+        },
+    )
+    preempted = []
+    scheduler = engine.scheduler
+    original = scheduler._preempt
+    scheduler._preempt = lambda seq: (
+        preempted.append((seq.seq_id, seq.num_output_tokens)),
+        original(seq),
+    )
+    try:
+        outputs = [c.token_ids for c in engine.generate(prompts, params)]
+    finally:
+        engine.close()
+    assert outputs == batch_outputs
+    # Both targets (seq ids 6 and 7) were preempted after producing some tokens.
+    midway = {seq_id for seq_id, num_outputs in preempted if 0 < num_outputs < NUM_TOKENS}
+    assert {6, 7} <= midway
+
+
+def test_real_answer_paris(embedded_engine) -> None:
+    prompt = embedded_engine.encode("What is the capital of France?", chat=True)
+    [completion] = embedded_engine.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=48)
+    )
+    assert "Paris" in completion.text
+    assert completion.finish_reason is FinishReason.STOP  # stopped at <|im_end|>
+
+
+def test_abort_ends_a_request_and_frees_its_blocks(embedded_engine) -> None:
+    free_before = embedded_engine.block_manager.num_free_blocks
+    request_id = embedded_engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=100))
+    embedded_engine.step()
+    assert embedded_engine.block_manager.num_free_blocks < free_before
+    out = embedded_engine.abort(request_id)
+    assert out.finish_reason is FinishReason.ABORT
+    assert embedded_engine.block_manager.num_free_blocks == free_before
+    assert embedded_engine.abort(request_id) is None
+    assert not embedded_engine.has_unfinished
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], SamplingParams(), "prompt is empty"),
+        (
+            [1, 49152],
+            SamplingParams(),
+            r"prompt token id 49152 at index 1 is outside the vocabulary \[0, 49152\)",
+        ),
+        ([1] * 2049, SamplingParams(), "prompt has 2049 tokens; max_model_len is 2048"),
+        ([1], SamplingParams(max_tokens=0), "max_tokens is 0"),
+        ([1], SamplingParams(temperature=-1.0), "temperature is -1.0"),
+        ([1], SamplingParams(top_p=0.0), r"top_p is 0.0; it must be in \(0, 1\]"),
+        ([1], SamplingParams(top_p=1.01), "top_p is 1.01"),
+        ([1], SamplingParams(stop_token_ids=(60000,)), "stop_token_ids holds 60000"),
+    ],
+)
+def test_bad_request_is_rejected_and_others_keep_running(
+    embedded_engine, prompt, params, message
+) -> None:
+    good = embedded_engine.add_request([10, 11, 12], SamplingParams(temperature=0.0, max_tokens=3))
+    with pytest.raises(InvalidRequestError, match=message):
+        embedded_engine.add_request(prompt, params)
+    finished = [out for out in embedded_engine.stream() if out.finished]
+    assert [out.request_id for out in finished] == [good]
+
+
+def test_unknown_model_path_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(
+        ModelNotFoundError, match="does not exist; pass a Hugging Face model directory"
+    ):
+        make_engine(tmp_path / "nowhere")
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(
+        ModelConfigError,
+        match="unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM",
+    ):
+        make_engine(tmp_path)
