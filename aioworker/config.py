@@ -51,6 +51,8 @@ class DeviceOptions(_Section):
     attention_backend: Literal["auto", "torch", "xformers"] = "auto"
     # CPU threads for torch; 0 = torch's default.
     num_threads: int = 0
+    # CPU: reorder linear weights once into oneDNN's layout (faster matmuls, a second copy in memory).
+    cpu_packed_weights: bool = True
 
 
 class WorkerConfig(_Section):

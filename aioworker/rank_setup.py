@@ -17,6 +17,7 @@ import torch
 from aioworker.config import WorkerConfig
 from aioworker.executor import Executor
 from aioworker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
+from aioworker.layers import cpu_packing
 from aioworker.layers.attention import select_backend
 from aioworker.loader import (
     checkpoint_files,
@@ -117,6 +118,8 @@ def _build_runner(
         load_weights(
             model, iterate_checkpoint(files), total=count_tensors(files), progress=progress
         )
+    if config.device.cpu_packed_weights and cpu_packing.is_available(device):
+        cpu_packing.pack_model(model)
     layers = model.attention_layers()
     num_blocks = _num_blocks(config, cfg, layers[0].num_kv_heads, dtype, max_model_len)
     allocate_kv_cache(layers, num_blocks, config.cache.block_size, dtype, device)

@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "generate": ("generate", "generate text offline (in this process) from prompts"),
     "convert": ("convert", "convert a GGUF file into a Hugging Face model directory"),
+    "bench": ("bench", "benchmark the engine beside a baseline measured in the same run"),
 }
 
 

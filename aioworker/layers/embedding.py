@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aioworker.layers import cpu_packing
 from aioworker.parallel import TensorParallel
 
 
@@ -42,10 +43,10 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(x)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(cpu_packing.PackableLinear, VocabParallelEmbedding):
     """Hidden states -> logits over the full vocabulary (each rank computes its slice, then gather)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, D] -> logits: [S, V]
-        logits = F.linear(hidden, self.weight)
+        logits = self.matmul(hidden)
         return self.tp.gather_last_dim(logits)[:, : self.vocab_size]

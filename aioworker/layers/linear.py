@@ -8,9 +8,9 @@ tensors in one matrix, so one matmul replaces several; the loader names the part
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from aioworker.layers import cpu_packing
 from aioworker.parallel import TensorParallel
 
 
@@ -27,7 +27,7 @@ def _check_shape(
         )
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(cpu_packing.PackableLinear, nn.Module):
     """y = x W^T with W's rows (output features) split across ranks."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
@@ -46,7 +46,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.tp.rank * per_rank, per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -117,7 +117,7 @@ class QKVParallelLinear(MergedColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, source_rank * size, size))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(cpu_packing.PackableLinear, nn.Module):
     """y = x W^T with W's columns (input features) split; partial sums are all-reduced."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
@@ -140,5 +140,5 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias joins once, after the reduction, not once per rank.
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(self.matmul(x))
         return y if self.bias is None else y + self.bias

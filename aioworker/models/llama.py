@@ -13,13 +13,13 @@ from torch import nn
 from aioworker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from aioworker.layers.norm import RMSNorm
-from aioworker.layers.rotary import RotaryEmbedding
+from aioworker.layers.rotary import RotaryEmbedding, apply_rotary
 from aioworker.model_config import ModelConfig
 from aioworker.parallel import TensorParallel
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -33,12 +33,13 @@ class LlamaAttention(nn.Module):
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.rotary = rotary
         self.scale = cfg.head_dim**-0.5
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = self.v_cache = torch.empty(0)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, attn) -> torch.Tensor:
+    def forward(
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn
+    ) -> torch.Tensor:
         # x: [T, D]
         num_tokens = x.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -48,7 +49,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, rope)
         out = attn.backend.forward(q, k, v, self.k_cache, self.v_cache, attn.metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -68,15 +69,17 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary, tp)
+        self.self_attn = LlamaAttention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, tp)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, attn) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), attn)
+    def forward(
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn
+    ) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -84,16 +87,17 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        rotary = RotaryEmbedding(cfg.head_dim, max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_model_len, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, rotary, tp) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         x = self.embed_tokens(token_ids)
+        rope = self.rotary.cos_sin(positions, x.dtype)
         for layer in self.layers:
-            x = layer(positions, x, attn)
+            x = layer(rope, x, attn)
         return self.norm(x)
 
 

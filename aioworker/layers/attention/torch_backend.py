@@ -26,8 +26,8 @@ class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot of each input token
     decode_token_idx: torch.Tensor | None  # [B] rows of the batch that decode one token
     decode_is_whole_batch: bool
-    decode_slots: torch.Tensor | None  # [B, L] slots of each decode's context, padded
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L]
+    decode_block_ids: torch.Tensor | None  # [B * max_blocks] each decode's block table, padded
+    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] visible positions
     prefills: list[PrefillChunk]
 
 
@@ -46,15 +46,17 @@ class TorchAttentionBackend:
             for i in range(len(seqs))
             if seqs[i].num_tokens > 1
         ]
-        decode_slots = decode_mask = decode_idx = None
+        decode_block_ids = decode_mask = decode_idx = None
         if decode_rows:
-            decode_slots, decode_mask = self._decode_context([seqs[i] for i in decode_rows], device)
+            decode_block_ids, decode_mask = self._decode_context(
+                [seqs[i] for i in decode_rows], device
+            )
             decode_idx = torch.tensor([token_starts[i] for i in decode_rows], device=device)
         return TorchAttentionMetadata(
             slot_mapping=torch.tensor(slot_mapping(seqs, self.block_size), device=device),
             decode_token_idx=decode_idx,
             decode_is_whole_batch=len(decode_rows) == len(seqs),
-            decode_slots=decode_slots,
+            decode_block_ids=decode_block_ids,
             decode_mask=decode_mask,
             prefills=prefills,
         )
@@ -62,14 +64,16 @@ class TorchAttentionBackend:
     def _decode_context(
         self, seqs: list[SeqSlots], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        max_len = max(s.start_pos + 1 for s in seqs)
-        slots = torch.zeros(len(seqs), max_len, dtype=torch.long)
+        # Whole blocks are gathered (one index_select) and positions past the end masked out.
+        max_blocks = max(-(-(s.start_pos + 1) // self.block_size) for s in seqs)
+        block_ids = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
         for row, seq in enumerate(seqs):
-            slots[row, : seq.start_pos + 1] = torch.tensor(seq.context_slots(self.block_size))
-        key_pos = torch.arange(max_len)[None, :]
+            used = seq.block_table[:max_blocks]
+            block_ids[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+        key_pos = torch.arange(max_blocks * self.block_size)[None, :]
         query_pos = torch.tensor([s.start_pos for s in seqs])[:, None]
         mask = self._visible(query_pos, key_pos)
-        return slots.to(device), mask[:, None, None, :].to(device)
+        return block_ids.flatten().to(device), mask[:, None, None, :].to(device)
 
     def _prefill_chunk(self, seq: SeqSlots, token_start: int, device: torch.device) -> PrefillChunk:
         if seq.start_pos == 0 and self.sliding_window is None:
@@ -103,11 +107,11 @@ class TorchAttentionBackend:
         k_flat.index_copy_(0, meta.slot_mapping, k)
         v_flat.index_copy_(0, meta.slot_mapping, v)
         if meta.decode_is_whole_batch:
-            return self._decode(q, k_flat, v_flat, meta, scale)
+            return self._decode(q, k_cache, v_cache, meta, scale)
         out = torch.empty_like(q)
         if meta.decode_token_idx is not None:
             out[meta.decode_token_idx] = self._decode(
-                q[meta.decode_token_idx], k_flat, v_flat, meta, scale
+                q[meta.decode_token_idx], k_cache, v_cache, meta, scale
             )
         for chunk in meta.prefills:
             rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
@@ -115,14 +119,26 @@ class TorchAttentionBackend:
         return out
 
     @staticmethod
-    def _decode(q, k_flat, v_flat, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        # q: [B, Hq, D] -> keys [B, Hkv, L, D] gathered from the cache
-        keys = k_flat[meta.decode_slots].transpose(1, 2)
-        values = v_flat[meta.decode_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+    def _decode(q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        # q: [B, Hq, D] -> context [B, L, Hkv, D] gathered block by block from the cache
+        batch, num_kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+        keys = k_cache.index_select(0, meta.decode_block_ids).view(
+            batch, -1, num_kv_heads, head_dim
         )
-        return out.squeeze(2)
+        values = v_cache.index_select(0, meta.decode_block_ids).view(
+            batch, -1, num_kv_heads, head_dim
+        )
+        if q.dtype == torch.float32:
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=meta.decode_mask,
+                scale=scale,
+                enable_gqa=True,
+            )
+            return out.squeeze(2)
+        return _grouped_decode(q, keys, values, meta.decode_mask, scale)
 
     @staticmethod
     def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
@@ -139,6 +155,19 @@ class TorchAttentionBackend:
             enable_gqa=True,
         )
         return out.transpose(0, 1)
+
+
+def _grouped_decode(q, keys, values, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention as two matmuls per KV head group, softmax in float32. On the CPU this
+    beats SDPA's kernel for bf16/fp16 single-token queries several times over."""
+    # q: [B, Hq, D]; keys, values: [B, L, Hkv, D]; mask: [B, 1, 1, L]
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[2]
+    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim) * scale
+    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1)).float()  # [B, Hkv, G, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1).to(q.dtype)
+    return torch.matmul(probs, values.transpose(1, 2)).view(batch, num_heads, head_dim)
 
 
 def _token_starts(seqs: list[SeqSlots]) -> list[int]:

@@ -1,0 +1,1 @@
+"""Benchmarks run by `aioworker bench`; each prints its baseline beside it, from the same run."""
