@@ -55,16 +55,45 @@ class DeviceOptions(_Section):
     cpu_packed_weights: bool = True
 
 
+class ParallelOptions(_Section):
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+
+class RuntimeOptions(_Section):
+    # Deployment name: namespaces endpoints so several deployments can share a host.
+    name: str = "aioworker"
+    # ipc: sockets in `runtime_dir` (one host). tcp: `host` and ports from `base_port`.
+    transport: Literal["ipc", "tcp"] = "ipc"
+    # "" = $XDG_RUNTIME_DIR/aioworker, else /tmp/aioworker-<uid>; created 0700.
+    runtime_dir: str = ""
+    # tcp: where every rank binds and connects (the driver's host when ranks span hosts).
+    host: str = "127.0.0.1"
+    base_port: int = 47000
+    heartbeat_interval_s: float = 1.0
+    # Send-queue bound per result socket; a client this far behind loses outputs (counted).
+    result_hwm: int = 10000
+    log_format: Literal["text", "json"] = "text"
+
+
 class WorkerConfig(_Section):
     model: ModelOptions = ModelOptions()
     cache: CacheOptions = CacheOptions()
     scheduler: SchedulerOptions = SchedulerOptions()
     device: DeviceOptions = DeviceOptions()
+    parallel: ParallelOptions = ParallelOptions()
+    runtime: RuntimeOptions = RuntimeOptions()
 
     def __post_init__(self) -> None:
         _check_positive("cache.block_size", self.cache.block_size)
         _check_positive("scheduler.max_num_seqs", self.scheduler.max_num_seqs)
         _check_positive("scheduler.max_num_batched_tokens", self.scheduler.max_num_batched_tokens)
+        _check_positive("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size)
+        _check_positive("parallel.data_parallel_size", self.parallel.data_parallel_size)
+        if not self.runtime.heartbeat_interval_s > 0:
+            raise ConfigError(
+                f"runtime.heartbeat_interval_s is {self.runtime.heartbeat_interval_s}; it must be > 0"
+            )
         if self.cache.num_blocks < 0:
             raise ConfigError(f"cache.num_blocks is {self.cache.num_blocks}; use 0 (auto) or more")
         if not 0.0 < self.cache.gpu_memory_utilization <= 1.0:
@@ -72,6 +101,11 @@ class WorkerConfig(_Section):
                 f"cache.gpu_memory_utilization is {self.cache.gpu_memory_utilization}; "
                 "it must be in (0, 1]"
             )
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the whole deployment: data-parallel groups x tensor-parallel ranks."""
+        return self.parallel.tensor_parallel_size * self.parallel.data_parallel_size
 
 
 def _check_positive(name: str, value: int) -> None:

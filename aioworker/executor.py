@@ -34,9 +34,11 @@ class Executor:
         self._jobs.put((fn, future))
         return future
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop after the jobs already queued; False if the thread is still busy after `timeout`."""
         self._jobs.put(_STOP)
-        self._thread.join()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         stream = None

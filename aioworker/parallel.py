@@ -9,6 +9,14 @@ import torch.distributed as dist
 
 
 @dataclass(frozen=True)
+class Shard:
+    """The contiguous slice [start, start + size) of a dimension that one rank holds."""
+
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class TensorParallel:
     rank: int = 0
     size: int = 1
@@ -17,13 +25,19 @@ class TensorParallel:
     def is_driver(self) -> bool:
         return self.rank == 0
 
-    def shard(self, total: int, what: str) -> int:
-        """The size of this rank's slice of a dimension of `total`, which must divide evenly."""
-        if total % self.size:
+    def partition(self, total: int, what: str, unit: int = 1) -> Shard:
+        """This rank's slice of a dimension, in whole `unit`s (e.g. heads), as even as possible:
+        9 heads over 2 ranks give 5 and 4. Uneven splits keep models whose head counts do not
+        divide by the rank count servable."""
+        num_units = total // unit
+        base, extra = divmod(num_units, self.size)
+        if base == 0:
             raise ValueError(
-                f"{what} ({total}) is not divisible by the tensor-parallel size {self.size}"
+                f"{what} ({num_units}) is fewer than the tensor-parallel size {self.size}"
             )
-        return total // self.size
+        start = self.rank * base + min(self.rank, extra)
+        count = base + (1 if self.rank < extra else 0)
+        return Shard(start * unit, count * unit)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:

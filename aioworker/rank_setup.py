@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -30,8 +28,9 @@ from aioworker.model_config import ModelConfig, load_model_config
 from aioworker.model_runner import ModelRunner
 from aioworker.model_source import resolve_model_path
 from aioworker.models.llama import LlamaForCausalLM
-from aioworker.parallel import SINGLE, TensorParallel
+from aioworker.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.sampling import Sampler
+from aioworker.spec import RankSpec
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +41,17 @@ class CacheTooSmallError(ValueError):
     """The KV cache cannot hold one sequence of max_model_len tokens."""
 
 
-@dataclass(frozen=True)
-class RankSpec:
-    model_dir: Path
-    model_config: ModelConfig
-    device: str
-    dtype: str
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-    load_seconds: float
-
-
-def pick_device(kind: str) -> torch.device:
+def pick_device(kind: str, index: int = 0) -> torch.device:
+    """`index` is the rank's number on its host: each GPU rank takes its own device."""
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind != "cuda":
+        return torch.device(kind)
+    if not torch.cuda.is_available():
         raise RuntimeError(
             "device.kind is 'cuda' but torch sees no CUDA device; use 'cpu' or 'auto'"
         )
-    return torch.device(kind)
+    return torch.device("cuda", index % torch.cuda.device_count())
 
 
 def pick_dtype(name: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
@@ -73,18 +63,28 @@ def pick_dtype(name: str, device: torch.device, cfg: ModelConfig) -> torch.dtype
 
 
 def build_rank(
-    config: WorkerConfig, tp: TensorParallel = SINGLE, progress: bool = True
+    config: WorkerConfig,
+    tp: TensorParallel = SINGLE,
+    progress: bool = True,
+    dist_init: str | None = None,
+    device_index: int = 0,
 ) -> tuple[Executor, RankSpec]:
+    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
     cfg = load_model_config(model_dir)
-    device = pick_device(config.device.kind)
+    device = pick_device(config.device.kind, device_index)
     dtype = pick_dtype(config.model.dtype, device, cfg)
     max_model_len = config.model.max_model_len or cfg.max_position_embeddings
     if config.device.num_threads and device.type == "cpu":
         torch.set_num_threads(config.device.num_threads)
     executor = Executor(device)
     try:
+        if tp.size > 1:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            executor.call(
+                lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
+            ).result()
         num_blocks = executor.call(
             lambda: _build_runner(
                 executor, config, cfg, model_dir, device, dtype, max_model_len, tp, progress

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 import tomllib
+import traceback
 from typing import Any
 
 from aioworker.config import ConfigError, WorkerConfig, load_config
@@ -55,3 +58,35 @@ def _parse_value(raw: str) -> Any:
 def fail(message: str, code: int = 2) -> int:
     print(f"aioworker: error: {message}", file=sys.stderr)
     return code
+
+
+def setup_logging(config: WorkerConfig, rank_label: str, level: str) -> None:
+    """Log lines carry the rank and pid; `runtime.log_format = "json"` gives one object per line."""
+    if config.runtime.log_format == "json":
+        formatter: logging.Formatter = _JsonFormatter(rank_label)
+    else:
+        formatter = logging.Formatter(
+            f"%(asctime)s rank={rank_label} pid=%(process)d %(levelname)s %(name)s: %(message)s"
+        )
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+class _JsonFormatter(logging.Formatter):
+    def __init__(self, rank_label: str) -> None:
+        super().__init__()
+        self.rank_label = rank_label
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "rank": self.rank_label,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = "".join(traceback.format_exception(*record.exc_info))
+        return json.dumps(entry)

@@ -10,8 +10,15 @@ import json
 import sys
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.cli.generate_output import ResultPrinter
 from aioworker.config import ConfigError
 from aioworker.sampling_params import InvalidRequestError, SamplingParams
+
+
+class _AppendEndpoint(argparse.Action):
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        endpoints = getattr(namespace, self.dest) or []
+        setattr(namespace, self.dest, [*endpoints, value])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ignore-eos", action="store_true", help="do not stop at the model's EOS token"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    remote = parser.add_argument_group("remote (a running deployment instead of this process)")
+    remote.add_argument(
+        "--connect",
+        nargs="?",
+        const="config",
+        metavar="ENDPOINT",
+        help="send the prompts to a running deployment: a group's task endpoint "
+        "(repeat for several groups), or no value to use the endpoints of --config",
+        action=_AppendEndpoint,
+    )
+    remote.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for all outputs (remote only)"
+    )
     add_config_arguments(parser)
 
 
@@ -67,6 +87,14 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
+    if args.connect is not None:
+        from aioworker.cli.generate_remote import run_remote
+
+        return run_remote(args, config, prompts, params)
+    return _run_offline(args, config, prompts, params)
+
+
+def _run_offline(args, config, prompts: list, params: SamplingParams) -> int:
     from aioworker.engine import LLMEngine  # torch enters here
 
     try:
@@ -80,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
             ]
         except (InvalidRequestError, ValueError) as exc:
             return fail(str(exc))
-        _print_results(engine, request_ids, prompts, args.json)
-    return 0
+        printer = ResultPrinter(engine.tokenizer, prompts, args.json)
+        index_of = {rid: index for index, rid in enumerate(request_ids)}
+        for out in engine.stream():
+            reason = None if out.finish_reason is None else str(out.finish_reason)
+            printer.add(index_of[out.request_id], out.new_token_ids, reason)
+        return printer.finish()
 
 
 def _prompts(args: argparse.Namespace) -> list[str | list[int]]:
@@ -106,39 +138,3 @@ def _prompts(args: argparse.Namespace) -> list[str | list[int]]:
 
 def _encode(engine, prompt: str | list[int], chat: bool) -> list[int]:
     return engine.encode(prompt, chat=chat) if isinstance(prompt, str) else prompt
-
-
-def _print_results(engine, request_ids: list[str], prompts: list, as_json: bool) -> None:
-    token_ids: dict[str, list[int]] = {rid: [] for rid in request_ids}
-    reasons: dict[str, str] = {}
-    stream_live = not as_json and len(request_ids) == 1
-    streamed = ""
-    for out in engine.stream():
-        token_ids[out.request_id] += out.new_token_ids
-        if stream_live:
-            streamed += out.text
-            sys.stdout.write(out.text)
-            sys.stdout.flush()
-        if out.finish_reason is not None:
-            reasons[out.request_id] = str(out.finish_reason)
-            if not stream_live and not as_json:
-                _print_block(engine, request_ids.index(out.request_id), token_ids[out.request_id])
-    if stream_live:
-        # The detokenizer holds back incomplete UTF-8; print whatever it still holds.
-        full = engine.tokenizer.decode(token_ids[request_ids[0]]) if engine.tokenizer else ""
-        sys.stdout.write(full[len(streamed) :] + "\n")
-    if as_json:
-        for index, rid in enumerate(request_ids):
-            record = {
-                "index": index,
-                "prompt": prompts[index],
-                "token_ids": token_ids[rid],
-                "text": engine.tokenizer.decode(token_ids[rid]) if engine.tokenizer else None,
-                "finish_reason": reasons.get(rid),
-            }
-            print(json.dumps(record, ensure_ascii=False))
-
-
-def _print_block(engine, index: int, token_ids: list[int]) -> None:
-    text = engine.tokenizer.decode(token_ids) if engine.tokenizer else str(token_ids)
-    print(f"--- prompt {index} ---\n{text}", flush=True)

@@ -9,7 +9,11 @@ import sys
 
 # name -> (module under aioworker.cli, one-line help)
 SUBCOMMANDS = {
-    "generate": ("generate", "generate text offline (in this process) from prompts"),
+    "serve": ("serve", "start every local rank of a deployment and supervise them"),
+    "worker": ("worker", "run exactly one rank (what a systemd unit runs)"),
+    "generate": ("generate", "generate text from prompts, offline or from a running deployment"),
+    "admin": ("admin", "control a running worker group: status, pause, drain, abort, ..."),
+    "top": ("top", "live table of every rank, from their heartbeats"),
     "convert": ("convert", "convert a GGUF file into a Hugging Face model directory"),
     "bench": ("bench", "benchmark the engine beside a baseline measured in the same run"),
 }

@@ -1,26 +1,27 @@
 """Linear layers split across tensor-parallel ranks, each parameter carrying its own `weight_loader`.
 
 Column-parallel layers split output features (no communication); row-parallel layers split input
-features and all-reduce the partial sums. Merged layers (q/k/v, gate/up) hold several checkpoint
-tensors in one matrix, so one matmul replaces several; the loader names the part by `shard_id`.
+features and all-reduce the partial sums. A column-parallel layer may hold several checkpoint
+tensors side by side (q/k/v, gate/up), so one matmul replaces several; the loader names the part
+by `shard_id`. Splits may be uneven (whole heads per rank), see TensorParallel.partition.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import nn
 
 from aioworker.layers import cpu_packing
-from aioworker.parallel import TensorParallel
+from aioworker.parallel import Shard, TensorParallel
 
 
 def _parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-def _check_shape(
-    param: nn.Parameter, expected: tuple[int, ...], loaded: torch.Tensor, name: str
-) -> None:
+def _check_shape(expected: tuple[int, ...], loaded: torch.Tensor, name: str) -> None:
     if tuple(loaded.shape) != expected:
         raise ValueError(
             f"{name}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {expected}"
@@ -28,53 +29,48 @@ def _check_shape(
 
 
 class ColumnParallelLinear(cpu_packing.PackableLinear, nn.Module):
-    """y = x W^T with W's rows (output features) split across ranks."""
+    """y = x W^T where this rank holds a slice of the rows of each part.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
+    `parts` lists, per checkpoint tensor merged here, its full output size and this rank's slice.
+    """
+
+    def __init__(
+        self, in_features: int, parts: list[tuple[int, Shard]], bias: bool, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.tp = tp
-        self.out_per_rank = tp.shard(out_features, "output features")
-        self.weight = _parameter(self.out_per_rank, in_features)
-        self.weight.weight_loader = self.load_full
-        self.bias = _parameter(self.out_per_rank) if bias else None
+        self.parts = parts
+        sizes = [shard.size for _, shard in parts]
+        self.local_offsets = [0, *itertools.accumulate(sizes)][:-1]
+        self.weight = _parameter(sum(sizes), in_features)
+        self.weight.weight_loader = self.load_part
+        self.bias = _parameter(sum(sizes)) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = self.load_full
+            self.bias.weight_loader = self.load_part
 
-    def load_full(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
-        per_rank = param.shape[0]
-        _check_shape(param, (per_rank * self.tp.size, *param.shape[1:]), loaded, name)
-        param.data.copy_(loaded.narrow(0, self.tp.rank * per_rank, per_rank))
+    def load_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, name: str, shard_id: int = 0
+    ) -> None:
+        full_size, shard = self.parts[shard_id]
+        _check_shape((full_size, *param.shape[1:]), loaded, name)
+        local = param.data.narrow(0, self.local_offsets[shard_id], shard.size)
+        local.copy_(loaded.narrow(0, shard.start, shard.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
 
-class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs side by side, e.g. gate_proj and up_proj."""
-
-    def __init__(
-        self, in_features: int, part_sizes: list[int], bias: bool, tp: TensorParallel
-    ) -> None:
-        super().__init__(in_features, sum(part_sizes), bias, tp)
-        self.part_sizes = part_sizes
-        self.weight.weight_loader = self.load_part
-        if self.bias is not None:
-            self.bias.weight_loader = self.load_part
-
-    def _part_range(self, shard_id: int) -> tuple[int, int]:
-        offset = sum(self.part_sizes[:shard_id]) // self.tp.size
-        return offset, self.part_sizes[shard_id] // self.tp.size
-
-    def load_part(
-        self, param: nn.Parameter, loaded: torch.Tensor, name: str, shard_id: int
-    ) -> None:
-        offset, size = self._part_range(shard_id)
-        _check_shape(param, (size * self.tp.size, *param.shape[1:]), loaded, name)
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.tp.rank * size, size))
+def column_parallel(
+    in_features: int, out_sizes: list[int], bias: bool, tp: TensorParallel
+) -> ColumnParallelLinear:
+    """One or several (merged, e.g. gate and up) outputs, each split evenly across ranks."""
+    parts = [(size, tp.partition(size, "output features")) for size in out_sizes]
+    return ColumnParallelLinear(in_features, parts, bias, tp)
 
 
-class QKVParallelLinear(MergedColumnParallelLinear):
-    """q, k and v projections in one matrix; KV heads are replicated when there are fewer than ranks."""
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v in one matrix. Ranks take whole KV heads with their query heads (uneven if
+    need be); with fewer KV heads than ranks, a KV head is replicated and its queries split."""
 
     def __init__(
         self,
@@ -85,57 +81,60 @@ class QKVParallelLinear(MergedColumnParallelLinear):
         bias: bool,
         tp: TensorParallel,
     ) -> None:
-        self.num_heads = tp.shard(num_heads, "num_attention_heads")
-        self.num_kv_heads = max(1, num_kv_heads // tp.size)
-        if num_kv_heads >= tp.size:
-            tp.shard(num_kv_heads, "num_key_value_heads")
-        elif tp.size % num_kv_heads:
+        if num_heads % num_kv_heads:
             raise ValueError(
-                f"tensor-parallel size {tp.size} is not a multiple of num_key_value_heads {num_kv_heads}"
+                f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
             )
-        self.num_kv_heads_total = num_kv_heads
-        self.head_dim = head_dim
-        q_size, kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
-        parts = [q_size * tp.size, kv_size * tp.size, kv_size * tp.size]
-        super().__init__(hidden_size, parts, bias, tp)
-
-    def _part_range(self, shard_id: int) -> tuple[int, int]:
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return [(0, q_size), (q_size, kv_size), (q_size + kv_size, kv_size)][shard_id]
-
-    def load_part(
-        self, param: nn.Parameter, loaded: torch.Tensor, name: str, shard_id: int
-    ) -> None:
-        offset, size = self._part_range(shard_id)
-        if shard_id == 0:
-            total, source_rank = size * self.tp.size, self.tp.rank
+        group = num_heads // num_kv_heads
+        if num_kv_heads >= tp.size:
+            kv = tp.partition(num_kv_heads, "num_key_value_heads")
+            q = Shard(kv.start * group, kv.size * group)
         else:
-            total = self.num_kv_heads_total * self.head_dim
-            replicas = max(1, self.tp.size // self.num_kv_heads_total)
-            source_rank = self.tp.rank // replicas
-        _check_shape(param, (total, *param.shape[1:]), loaded, name)
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, source_rank * size, size))
+            replicas = tp.size // num_kv_heads
+            if tp.size % num_kv_heads or group % replicas:
+                raise ValueError(
+                    f"tensor-parallel size {tp.size} cannot share {num_kv_heads} KV heads of "
+                    f"{group} query heads each; use a size that divides or is a multiple of {num_kv_heads}"
+                )
+            kv = Shard(tp.rank // replicas, 1)
+            per_replica = group // replicas
+            q = Shard(kv.start * group + (tp.rank % replicas) * per_replica, per_replica)
+        self.head_dim = head_dim
+        self.num_heads, self.num_kv_heads = q.size, kv.size
+        self.q_shard = Shard(q.start * head_dim, q.size * head_dim)
+        kv_shard = Shard(kv.start * head_dim, kv.size * head_dim)
+        kv_total = num_kv_heads * head_dim
+        parts = [(num_heads * head_dim, self.q_shard), (kv_total, kv_shard), (kv_total, kv_shard)]
+        super().__init__(hidden_size, parts, bias, tp)
 
 
 class RowParallelLinear(cpu_packing.PackableLinear, nn.Module):
     """y = x W^T with W's columns (input features) split; partial sums are all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TensorParallel,
+        in_shard: Shard | None = None,
+    ) -> None:
         super().__init__()
         self.tp = tp
-        self.in_per_rank = tp.shard(in_features, "input features")
-        self.weight = _parameter(out_features, self.in_per_rank)
+        self.in_features = in_features
+        self.in_shard = in_shard or tp.partition(in_features, "input features")
+        self.weight = _parameter(out_features, self.in_shard.size)
         self.weight.weight_loader = self.load_weight
         self.bias = _parameter(out_features) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = self.load_bias
 
     def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
-        _check_shape(param, (param.shape[0], self.in_per_rank * self.tp.size), loaded, name)
-        param.data.copy_(loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank))
+        _check_shape((param.shape[0], self.in_features), loaded, name)
+        param.data.copy_(loaded.narrow(1, self.in_shard.start, self.in_shard.size))
 
     def load_bias(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
-        _check_shape(param, tuple(param.shape), loaded, name)
+        _check_shape(tuple(param.shape), loaded, name)
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aioworker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from aioworker.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from aioworker.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
 from aioworker.layers.norm import RMSNorm
 from aioworker.layers.rotary import RotaryEmbedding, apply_rotary
 from aioworker.model_config import ModelConfig
@@ -29,7 +29,11 @@ class LlamaAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
-            cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, False, tp
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.hidden_size,
+            False,
+            tp,
+            in_shard=self.qkv_proj.q_shard,
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -58,9 +62,7 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [size, size], cfg.mlp_bias, tp
-        )
+        self.gate_up_proj = column_parallel(cfg.hidden_size, [size, size], cfg.mlp_bias, tp)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

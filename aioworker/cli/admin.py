@@ -1,0 +1,200 @@
+"""`aioworker admin COMMAND [ARG]`: send one admin command to the driver of each worker group and
+print the replies. A control-plane tool: torch-free and quick to start."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.config import ConfigError, WorkerConfig
+from aioworker.protocol import ADMIN_REPLY_DECODER, AdminReply, AdminRequest, ProtocolError, encode
+from aioworker.runtime.admin import DEFAULT_DRAIN_DEADLINE_S
+from aioworker.transport import group_endpoints
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# command -> (its argument: None, "optional" or "required"; usage; help)
+COMMANDS: dict[str, tuple[str | None, str, str]] = {
+    "status": (None, "status", "state, queue depths, KV blocks, counters and model of the group"),
+    "pause": (None, "pause", "stop stepping: running requests hold, new ones queue"),
+    "resume": (None, "resume", "step again after pause"),
+    "drain": (
+        "optional",
+        "drain [DEADLINE_S]",
+        "refuse new requests, finish those in flight, then stop; abort what still runs "
+        f"after DEADLINE_S seconds (default {DEFAULT_DRAIN_DEADLINE_S:g})",
+    ),
+    "abort": ("required", "abort REQUEST_ID", "abort one request; its client gets 'abort'"),
+    "shutdown": (None, "shutdown", "abort every request and stop the group now"),
+    "set-log-level": ("required", "set-log-level LEVEL", f"one of {', '.join(LOG_LEVELS)}"),
+}
+
+EPILOG = "commands:\n" + "\n".join(
+    textwrap.fill(text, 92, initial_indent=f"  {usage:22}", subsequent_indent=" " * 24)
+    for _, usage, text in COMMANDS.values()
+)
+EPILOG += """
+
+exit status: 0 every group replied ok; 1 a group refused the command; 2 bad arguments;
+3 a group did not reply within --timeout (not running, or a different runtime.name)"""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReply:
+    group: int
+    reply: AdminReply
+    # False when no reply came within the timeout (reply then says so).
+    is_reachable: bool = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "admin_command", choices=list(COMMANDS), metavar="COMMAND", help="one of the commands below"
+    )
+    parser.add_argument(
+        "argument", nargs="?", default="", metavar="ARG", help="the command's argument, if any"
+    )
+    parser.add_argument(
+        "--group", type=int, metavar="G", help="data-parallel group (default: every group)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds to wait for each group's reply (default: 5)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per group: group, ok, message, data"
+    )
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    error = argument_error(args.admin_command, args.argument)
+    if error is None and not args.timeout > 0:
+        error = f"--timeout {args.timeout:g}: give a positive number of seconds"
+    if error is not None:
+        return fail(error, EXIT_USAGE)
+    try:
+        config = config_from_args(args)
+        groups = selected_groups(config, args.group)
+        request = AdminRequest(command=args.admin_command, argument=args.argument)
+        replies = [send(config, group, request, args.timeout) for group in groups]
+    except (ConfigError, ValueError, OSError) as exc:
+        return fail(str(exc), EXIT_USAGE)
+    for reply in replies:
+        show(reply, args.admin_command, args.json)
+    return exit_code(replies)
+
+
+def argument_error(command: str, argument: str) -> str | None:
+    """Why `command argument` is malformed, checked before anything is sent."""
+    kind, usage, _ = COMMANDS[command]
+    if kind is None and argument:
+        return f"{command} takes no argument (got {argument!r}); usage: {usage}"
+    if kind == "required" and not argument:
+        return f"{command} needs an argument; usage: {usage}"
+    if command == "set-log-level" and argument.upper() not in LOG_LEVELS:
+        return f"log level {argument!r} is not one of {', '.join(LOG_LEVELS)}"
+    if command == "drain" and argument:
+        return drain_deadline_error(argument)
+    return None
+
+
+def drain_deadline_error(argument: str) -> str | None:
+    try:
+        deadline = float(argument)
+    except ValueError:
+        return f"drain deadline {argument!r} is not a number of seconds"
+    if not deadline >= 0:
+        return f"drain deadline {argument!r} must be 0 or more seconds"
+    return None
+
+
+def selected_groups(config: WorkerConfig, group: int | None) -> list[int]:
+    num_groups = config.parallel.data_parallel_size
+    if group is None:
+        return list(range(num_groups))
+    if not 0 <= group < num_groups:
+        raise ValueError(
+            f"--group {group} is outside this deployment's groups 0..{num_groups - 1} "
+            "(parallel.data_parallel_size)"
+        )
+    return [group]
+
+
+def send(config: WorkerConfig, group: int, request: AdminRequest, timeout_s: float) -> GroupReply:
+    """One request to one group's driver over a DEALER socket, waiting up to timeout_s."""
+    endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
+    context = zmq.Context()
+    try:
+        with context.socket(zmq.DEALER) as sock:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            sock.send_multipart(encode(request))
+            if sock.poll(int(timeout_s * 1000)):
+                return GroupReply(group, decode_reply(sock.recv_multipart(), endpoint))
+    finally:
+        context.term()
+    message = (
+        f"no reply from {endpoint} within {timeout_s:g}s; is the group's driver running "
+        f"under runtime.name={config.runtime.name!r}?"
+    )
+    return GroupReply(group, AdminReply(ok=False, message=message), is_reachable=False)
+
+
+def decode_reply(frames: list[bytes], endpoint: str) -> AdminReply:
+    try:
+        return ADMIN_REPLY_DECODER.decode(frames)
+    except ProtocolError as exc:
+        return AdminReply(ok=False, message=f"unreadable reply from {endpoint}: {exc}")
+
+
+def show(result: GroupReply, command: str, as_json: bool) -> None:
+    reply = result.reply
+    if as_json:
+        record = {"group": result.group, "ok": reply.ok, "message": reply.message}
+        print(json.dumps({**record, "data": reply.data}))
+        if not result.is_reachable:
+            report_error(result)
+    elif not reply.ok:
+        report_error(result)
+    elif command == "status":
+        print(format_status(result.group, reply.data))
+    else:
+        print(f"group {result.group}: {reply.message}")
+
+
+def report_error(result: GroupReply) -> None:
+    print(f"aioworker: error: group {result.group}: {result.reply.message}", file=sys.stderr)
+
+
+def format_status(group: int, data: dict[str, Any]) -> str:
+    """`group G` then one aligned `key  value` line per field of the status reply."""
+    width = max((len(key) for key in data), default=0)
+    lines = [f"group {group}"]
+    lines += [f"  {key.ljust(width)}  {format_value(value)}" for key, value in data.items()]
+    return "\n".join(lines)
+
+
+def format_value(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def exit_code(replies: list[GroupReply]) -> int:
+    if not all(result.is_reachable for result in replies):
+        return EXIT_UNREACHABLE
+    if not all(result.reply.ok for result in replies):
+        return EXIT_REFUSED
+    return EXIT_OK

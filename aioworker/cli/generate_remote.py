@@ -1,0 +1,97 @@
+"""`aioworker generate --connect`: the same prompts and output, served by a running deployment
+through the client library. Tokenizes and detokenizes here; the workers see token ids only."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from urllib.parse import urlparse
+
+import msgspec
+
+from aioworker.cli.common import fail
+from aioworker.cli.generate_output import ResultPrinter
+from aioworker.client import Client
+from aioworker.config import WorkerConfig
+from aioworker.sampling_params import SamplingParams
+from aioworker.tokenizer import Tokenizer
+from aioworker.transport import all_group_endpoints, client_reply_endpoint
+
+
+def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams) -> int:
+    tokenizer = _tokenizer(config)
+    try:
+        token_prompts = [_encode(tokenizer, p, args.chat) for p in prompts]
+        client = Client(*_endpoints(args.connect, config))
+    except ValueError as exc:
+        return fail(str(exc))
+    printer = ResultPrinter(tokenizer, prompts, args.json)
+    try:
+        asyncio.run(asyncio.wait_for(_run(client, token_prompts, params, printer), args.timeout))
+    except TimeoutError:
+        return fail(
+            f"no complete answer within --timeout {args.timeout:g}s; is the deployment running?", 1
+        )
+    return printer.finish()
+
+
+async def _run(
+    client: Client, prompts: list[list[int]], params: SamplingParams, printer: ResultPrinter
+) -> None:
+    async with client:
+        streams = [await client.submit(p, params) for p in prompts]
+
+        async def consume(index: int, stream) -> None:
+            async for out in stream:
+                printer.add(index, out.token_ids, out.finish_reason, out.error)
+
+        await asyncio.gather(*(consume(i, s) for i, s in enumerate(streams)))
+
+
+def _endpoints(connect: list[str], config: WorkerConfig) -> tuple[list[str], str]:
+    """Task endpoints to submit to, and where to bind this client's result socket."""
+    if connect == ["config"]:
+        groups = all_group_endpoints(
+            config.runtime, config.parallel.tensor_parallel_size, config.parallel.data_parallel_size
+        )
+        return [g.tasks for g in groups], client_reply_endpoint(config.runtime)
+    if "config" in connect:
+        raise ValueError(
+            "give --connect either endpoints or no value (the config's endpoints), not both"
+        )
+    first = urlparse(connect[0])
+    if first.scheme == "ipc":
+        runtime = msgspec.structs.replace(config.runtime, transport="ipc")
+        return connect, client_reply_endpoint(runtime)
+    if first.scheme == "tcp" and first.hostname:
+        return connect, f"tcp://{_local_address_towards(first.hostname)}:*"
+    raise ValueError(f"--connect {connect[0]!r} is not an ipc:// or tcp://host:port endpoint")
+
+
+def _local_address_towards(host: str) -> str:
+    """The address of this machine that `host` can reach us at (no packet is sent)."""
+    if host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _tokenizer(config: WorkerConfig) -> Tokenizer | None:
+    from aioworker.model_source import resolve_model_path
+
+    model_dir = resolve_model_path(config.model.path)
+    return Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None
+
+
+def _encode(tokenizer: Tokenizer | None, prompt, chat: bool) -> list[int]:
+    if not isinstance(prompt, str):
+        return prompt
+    if tokenizer is None:
+        raise ValueError("text prompts need the model's tokenizer.json; pass --model or token ids")
+    if chat:
+        return tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    return tokenizer.encode(prompt)

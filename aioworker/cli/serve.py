@@ -1,0 +1,102 @@
+"""`aioworker serve`: start every rank of a deployment on this host and supervise them.
+
+Each rank runs as `aioworker worker --rank R` with the same configuration arguments: the
+`--config` path and every override are replayed to it (`--tp`/`--dp` as `--set`), and the
+launcher parses exactly those arguments itself first, so a bad configuration fails here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.config import ConfigError, WorkerConfig
+from aioworker.launcher import ChildSpec, Launcher
+
+DEFAULT_STOP_TIMEOUT_S = 90.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tp",
+        type=int,
+        metavar="N",
+        help="tensor-parallel ranks per group: parallel.tensor_parallel_size",
+    )
+    parser.add_argument(
+        "--dp",
+        type=int,
+        metavar="M",
+        help="data-parallel groups (model replicas): parallel.data_parallel_size",
+    )
+    parser.add_argument(
+        "--fake-executor",
+        action="store_true",
+        help="passed to every rank: no model, made-up tokens (tests, control-plane benchmarks)",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=DEFAULT_STOP_TIMEOUT_S,
+        metavar="SECONDS",
+        help="after SIGTERM, how long ranks may drain before they are killed (default: 90)",
+    )
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not hasattr(signal, "sigwaitinfo"):
+        return fail(
+            "aioworker serve needs Linux; elsewhere start each rank with `aioworker worker`"
+        )
+    if not args.stop_timeout >= 0:
+        return fail(f"--stop-timeout {args.stop_timeout:g}: give 0 or more seconds")
+    config_argv = worker_config_argv(args)
+    try:
+        config = parse_worker_config(config_argv)
+    except ConfigError as exc:
+        return fail(str(exc))
+    tp = config.parallel.tensor_parallel_size
+    specs = [
+        ChildSpec(rank, rank // tp, worker_argv(args, rank, config_argv))
+        for rank in range(config.world_size)
+    ]
+    return Launcher(specs, args.stop_timeout).run()
+
+
+def worker_config_argv(args: argparse.Namespace) -> list[str]:
+    """The configuration options every rank gets, in `--option=value` form."""
+    config_path = os.path.abspath(args.config) if args.config else None
+    options = {
+        "--config": config_path,
+        "--model": args.model,
+        "--max-model-len": args.max_model_len,
+        "--device": args.device,
+        "--dtype": args.dtype,
+    }
+    argv = [f"{flag}={value}" for flag, value in options.items() if value is not None]
+    overrides = list(args.set)
+    # Last, so they win over a --set of the same key, for the launcher and the ranks alike.
+    if args.tp is not None:
+        overrides.append(f"parallel.tensor_parallel_size={args.tp}")
+    if args.dp is not None:
+        overrides.append(f"parallel.data_parallel_size={args.dp}")
+    return argv + [f"--set={item}" for item in overrides]
+
+
+def parse_worker_config(config_argv: list[str]) -> WorkerConfig:
+    """The configuration the ranks will build from `config_argv`, built the same way."""
+    parser = argparse.ArgumentParser(prog="aioworker serve")
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(config_argv))
+
+
+def worker_argv(args: argparse.Namespace, rank: int, config_argv: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "aioworker.cli.main", "--log-level", args.log_level]
+    command += ["worker", f"--rank={rank}", *config_argv]
+    if args.fake_executor:
+        command.append("--fake-executor")
+    return command

@@ -1,0 +1,212 @@
+"""`aioworker top`: a live table of every rank from their heartbeats, a JSON stream of the beats,
+or a health probe (`--check`). A control-plane tool: torch-free and quick to start."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+import msgspec
+import zmq
+
+from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.config import ConfigError, WorkerConfig
+from aioworker.monitor import STALE_AFTER_INTERVALS, BeatTable, RankKey, expected_ranks, rank_label
+from aioworker.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
+from aioworker.transport import all_group_endpoints
+
+CLEAR_SCREEN = "\x1b[2J\x1b[H"
+# --once waits this many heartbeat intervals (at least ONCE_MIN_WAIT_S) for every rank to beat.
+ONCE_WAIT_INTERVALS = 2
+ONCE_MIN_WAIT_S = 0.5
+CHECK_MIN_WAIT_S = 1.0
+
+EPILOG = f"""\
+columns:
+  RANK       group.rank (rank 0 of a group is its driver)
+  STATE      the rank's state; MISSING = no beat received yet; STALE = no beat for
+             {STALE_AFTER_INTERVALS} of its heartbeat intervals (killed, frozen or unreachable)
+  STEP       id of the current (or last) step; STEP_S: seconds the current step has run
+  RUN, WAIT  running and waiting requests (driver only)
+  KV_BLOCKS  KV cache blocks used/total (driver only)
+  AGE_S      seconds since this rank's last beat arrived here
+
+--check exits 0 when every rank of the deployment beats and none is FAILED, STOPPED, STALE
+or MISSING; otherwise it names the unhealthy ranks on stderr and exits 1."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--once", action="store_true", help="print one table (after ~2 heartbeats) and exit"
+    )
+    mode.add_argument(
+        "--json",
+        action="store_true",
+        help="stream every beat received as one JSON object per line, with received_at",
+    )
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="health probe: exit 0 if every rank is healthy, else name the bad ones and exit 1",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="redraw period (default: 1.0)"
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="S",
+        help="--check: how long to wait for beats (default: 3 heartbeat intervals, at least 1s)",
+    )
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        endpoints = heartbeat_endpoints(config)
+    except (ConfigError, OSError) as exc:
+        return fail(str(exc))
+    if args.interval <= 0 or (args.wait is not None and args.wait <= 0):
+        return fail("--interval and --wait take a positive number of seconds")
+    parallel = config.parallel
+    table = BeatTable(expected_ranks(parallel.tensor_parallel_size, parallel.data_parallel_size))
+    with BeatReceiver(list(endpoints.values())) as receiver:
+        try:
+            return run_mode(args, config, receiver, table, endpoints)
+        except KeyboardInterrupt:
+            return 0
+        except BrokenPipeError:
+            # The reader went away (`aioworker top --json | head`): stop quietly.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+
+def run_mode(
+    args: argparse.Namespace,
+    config: WorkerConfig,
+    receiver: BeatReceiver,
+    table: BeatTable,
+    endpoints: dict[RankKey, str],
+) -> int:
+    interval = config.runtime.heartbeat_interval_s
+    if args.check:
+        wait_s = args.wait or max(CHECK_MIN_WAIT_S, STALE_AFTER_INTERVALS * interval)
+        return check(receiver, table, endpoints, wait_s)
+    if args.json:
+        return stream_json(receiver)
+    if args.once:
+        print_once(receiver, table, max(ONCE_MIN_WAIT_S, ONCE_WAIT_INTERVALS * interval))
+        return 0
+    return live(receiver, table, args.interval, config.runtime.name)
+
+
+def heartbeat_endpoints(config: WorkerConfig) -> dict[RankKey, str]:
+    parallel = config.parallel
+    groups = all_group_endpoints(
+        config.runtime, parallel.tensor_parallel_size, parallel.data_parallel_size
+    )
+    return {(g.group, rank): ep for g in groups for rank, ep in enumerate(g.heartbeats)}
+
+
+class BeatReceiver:
+    """One SUB socket connected to every rank's heartbeat endpoint."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        for endpoint in endpoints:
+            self.sock.connect(endpoint)
+
+    def receive(self, timeout_s: float) -> Heartbeat | None:
+        """The next beat, or None after `timeout_s` (or on a frame that is not a heartbeat)."""
+        if not self.sock.poll(max(0, int(timeout_s * 1000))):
+            return None
+        frames = self.sock.recv_multipart()
+        try:
+            return HEARTBEAT_DECODER.decode(frames)
+        except ProtocolError:
+            return None
+
+    def __enter__(self) -> BeatReceiver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.sock.close(linger=0)
+        self.context.term()
+
+
+def collect(
+    receiver: BeatReceiver,
+    table: BeatTable,
+    until: float,
+    is_done: Callable[[], bool] = lambda: False,
+) -> None:
+    """Record beats until the monotonic time `until`, or until `is_done()` after a beat."""
+    while (now := time.monotonic()) < until:
+        beat = receiver.receive(until - now)
+        if beat is None:
+            continue
+        table.record(beat, time.monotonic())
+        if is_done():
+            return
+
+
+def check(
+    receiver: BeatReceiver, table: BeatTable, endpoints: dict[RankKey, str], wait_s: float
+) -> int:
+    collect(receiver, table, time.monotonic() + wait_s, lambda: table.is_healthy(time.monotonic()))
+    unhealthy = table.unhealthy(time.monotonic())
+    if not unhealthy:
+        print(f"healthy: all {len(table.keys())} rank(s) beating")
+        return 0
+    for key, reason in unhealthy.items():
+        where = f" (heartbeats from {endpoints[key]})" if key in endpoints else ""
+        print(f"rank {rank_label(key)} is unhealthy: {reason}{where}", file=sys.stderr)
+    print(
+        f"aioworker: {len(unhealthy)} of {len(table.keys())} rank(s) unhealthy "
+        f"after waiting up to {wait_s:g}s",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def print_once(receiver: BeatReceiver, table: BeatTable, wait_s: float) -> None:
+    collect(receiver, table, time.monotonic() + wait_s, table.has_all_beaten)
+    print(table.render(time.monotonic()))
+
+
+def live(receiver: BeatReceiver, table: BeatTable, refresh_s: float, name: str) -> NoReturn:
+    is_tty = sys.stdout.isatty()
+    next_draw = time.monotonic() + refresh_s
+    while True:
+        collect(receiver, table, next_draw)
+        text = f"aioworker top: {name}  {time.strftime('%H:%M:%S')}\n"
+        text += table.render(time.monotonic()) + "\n"
+        sys.stdout.write(CLEAR_SCREEN + text if is_tty else text + "\n")
+        sys.stdout.flush()
+        next_draw = max(next_draw + refresh_s, time.monotonic())
+
+
+def stream_json(receiver: BeatReceiver) -> NoReturn:
+    while True:
+        beat = receiver.receive(timeout_s=1.0)
+        if beat is not None:
+            sys.stdout.write(beat_json(beat, time.time()) + "\n")
+            sys.stdout.flush()
+
+
+def beat_json(beat: Heartbeat, received_at: float) -> str:
+    """The beat's fields (with its "type" tag) plus the local wall-clock time it arrived."""
+    record = msgspec.to_builtins(beat)
+    record["received_at"] = received_at
+    return msgspec.json.encode(record).decode()

@@ -1,0 +1,70 @@
+"""`aioworker worker --rank R --config FILE`: run exactly one rank (what a systemd unit runs).
+
+Ranks are numbered across the deployment: group = R // tensor_parallel_size, and the rank
+inside its group is R % tensor_parallel_size (0 is the group's driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from aioworker.cli.common import add_config_arguments, config_from_args, fail, setup_logging
+from aioworker.config import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rank", type=int, required=True, help="this process's rank in the deployment"
+    )
+    parser.add_argument(
+        "--fake-executor",
+        action="store_true",
+        help="for tests and control-plane benchmarks: no model; every step returns at once with made-up tokens",
+    )
+    parser.add_argument(
+        "--fake-step-ms",
+        type=float,
+        default=0.0,
+        help="with --fake-executor: each step takes this long",
+    )
+    parser.add_argument(
+        "--fail-at-step",
+        type=int,
+        help="with --fake-executor: steps from this id on raise an error",
+    )
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    tp = config.parallel.tensor_parallel_size
+    if not 0 <= args.rank < config.world_size:
+        return fail(f"--rank {args.rank} is outside this deployment's {config.world_size} rank(s)")
+    group, local_rank = divmod(args.rank, tp)
+    setup_logging(config, f"{group}.{local_rank}", args.log_level)
+
+    from aioworker.runtime.app import run_rank
+    from aioworker.transport import group_endpoints
+
+    dist_init = group_endpoints(config.runtime, group, tp).dist_init
+
+    def build():
+        if args.fake_executor:
+            from aioworker.fake_executor import build_fake
+
+            return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
+        from aioworker.parallel import TensorParallel  # torch enters here, on the load thread
+        from aioworker.rank_setup import build_rank
+
+        return build_rank(
+            config,
+            TensorParallel(local_rank, tp),
+            progress=False,
+            dist_init=dist_init,
+            device_index=args.rank,
+        )
+
+    return run_rank(config, group, local_rank, build)

@@ -1,0 +1,1 @@
+"""The rank process's asyncio program: sockets, state, the step loop. Never imports torch."""

@@ -1,0 +1,386 @@
+"""Rank 0 of a group: owns the scheduler, the task and admin sockets, and publishes numbered step
+plans to its tensor-parallel peers. One coroutine per concern; nothing polls."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from aioworker.block_manager import BlockManager
+from aioworker.protocol import (
+    ACK_DECODER,
+    ADMIN_DECODER,
+    TASK_DECODER,
+    AbortRequest,
+    AdminReply,
+    Outputs,
+    PeerFailed,
+    PeerReady,
+    PlanMessage,
+    ProtocolError,
+    Rejected,
+    Shutdown,
+    SubmitRequest,
+    TokenDelta,
+    encode,
+)
+from aioworker.requests import RequestValidator
+from aioworker.runtime import admin
+from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.program import FatalError, RankProgram
+from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
+from aioworker.runtime.state import ExitCode, RankState
+from aioworker.sampling_params import InvalidRequestError
+from aioworker.scheduler import Scheduler, SeqOutput
+from aioworker.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_ID_LENGTH = 256
+# How long the driver waits for every peer to load and subscribe.
+PEER_STARTUP_TIMEOUT_S = 1800.0
+
+
+class RecentMean:
+    """Mean of the last `size` samples, in O(1) per sample."""
+
+    def __init__(self, size: int = 128) -> None:
+        self.samples = collections.deque(maxlen=size)
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        if len(self.samples) == self.samples.maxlen:
+            self.total -= self.samples[0]
+        self.samples.append(value)
+        self.total += value
+
+    @property
+    def mean(self) -> float:
+        return self.total / len(self.samples) if self.samples else 0.0
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    reply_to: str
+
+
+class Driver(RankProgram):
+    # -- startup ------------------------------------------------------------------------------
+
+    def bind_sockets(self) -> None:
+        runtime = self.config.runtime
+        self.tp_size = self.config.parallel.tensor_parallel_size
+        self.tasks = self.socket(zmq.PULL, bind=self.endpoints.tasks)
+        self.admin_socket = self.socket(zmq.ROUTER, bind=self.endpoints.admin)
+        self.results = ResultSender(runtime.result_hwm)
+        self.requests: dict[str, _Request] = {}
+        self.seq_ids = itertools.count()
+        self.num_rejected_frames = 0
+        self.work = asyncio.Event()
+        # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
+        self.loop_time = RecentMean()
+        self.scheduler: Scheduler | None = None
+        self.drain_timer: asyncio.TimerHandle | None = None
+        self.control = self.acks = None
+        if self.tp_size > 1:
+            self.control = self.socket(zmq.XPUB, bind=self.endpoints.control)
+            self.control.setsockopt(zmq.XPUB_VERBOSE, 1)
+            self.acks = self.socket(zmq.PULL, bind=self.endpoints.acks)
+            peers = list(range(1, self.tp_size))
+            beats = watch_socket(self.context, [self.endpoints.heartbeats[r] for r in peers])
+            self._sockets.append(beats)
+            interval = runtime.heartbeat_interval_s
+            self.spawn(LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0).run())
+        self.spawn(self.admin_loop())  # status answers while loading
+
+    async def serve(self) -> None:
+        num_blocks = self.spec.num_blocks
+        if self.tp_size > 1:
+            num_blocks = min(num_blocks, await self.wait_for_peers())
+        spec, sched = self.spec, self.config.scheduler
+        self.scheduler = Scheduler(
+            BlockManager(num_blocks, spec.block_size),
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            spec.max_model_len,
+        )
+        self.validator = RequestValidator(spec.model_config.vocab_size, spec.max_model_len)
+        self.state = RankState.READY
+        log.info(
+            "group %d ready: %d KV blocks of %d tokens", self.group, num_blocks, spec.block_size
+        )
+        self.spawn(self.task_loop())
+        self.spawn(self.step_loop())
+        if self.tp_size > 1:
+            self.spawn(self.ack_loop())
+            self.spawn(self.control_inbound_loop())
+
+    async def wait_for_peers(self) -> int:
+        """Every peer's subscription seen on XPUB (no plan can be lost to a slow joiner) and
+        every peer loaded; returns the smallest KV block count among them."""
+        waiting_subscriptions = {f"rank{r}".encode() for r in range(1, self.tp_size)}
+        ready: dict[int, int] = {}
+
+        async def subscriptions() -> None:
+            while waiting_subscriptions:
+                frame = await self.control.recv()
+                if frame[:1] == b"\x01":
+                    waiting_subscriptions.discard(frame[1:])
+
+        async def acks() -> None:
+            while len(ready) < self.tp_size - 1:
+                message = await self.recv_ack()
+                if isinstance(message, PeerReady):
+                    ready[message.rank] = message.num_blocks
+
+        await asyncio.wait_for(asyncio.gather(subscriptions(), acks()), PEER_STARTUP_TIMEOUT_S)
+        return min(ready.values())
+
+    async def recv_ack(self):
+        while True:
+            frames = await self.acks.recv_multipart()
+            try:
+                message = ACK_DECODER.decode(frames)
+            except ProtocolError as exc:
+                self.count_rejected("acks", exc)
+                continue
+            if isinstance(message, PeerFailed):
+                raise FatalError(
+                    ExitCode.PEER_LOST,
+                    f"rank {message.rank} failed at step {message.step_id}: {message.reason}",
+                )
+            return message
+
+    async def control_inbound_loop(self) -> None:
+        """XPUB delivers (un)subscriptions, and anything an XSUB sends upstream: count the rest."""
+        while True:
+            frame = await self.control.recv()
+            if frame[:1] not in (b"\x00", b"\x01"):
+                self.count_rejected(
+                    "control", ProtocolError("data sent upstream on the control channel")
+                )
+
+    async def ack_loop(self) -> None:
+        while True:
+            await self.recv_ack()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def task_loop(self) -> None:
+        while True:
+            frames = await self.tasks.recv_multipart()
+            try:
+                message = TASK_DECODER.decode(frames)
+            except ProtocolError as exc:
+                self.reject_frame(frames, exc)
+                continue
+            if isinstance(message, SubmitRequest):
+                self.on_submit(message)
+            elif isinstance(message, AbortRequest):
+                self.abort(message.request_id, "aborted by the client")
+
+    def on_submit(self, message: SubmitRequest) -> None:
+        request_id, reply_to = message.request_id, message.reply_to
+        try:
+            self.results.check_endpoint(reply_to)
+        except InvalidReplyEndpoint as exc:
+            self.count_rejected("tasks", exc)
+            return
+        error = self.admission_error(message)
+        if error is not None:
+            self.send_terminal(reply_to, request_id, "error", error)
+            return
+        seq = Sequence(
+            next(self.seq_ids),
+            request_id,
+            message.prompt_token_ids,
+            message.params,
+            self.spec.model_config.eos_token_ids,
+        )
+        self.scheduler.add(seq)
+        self.requests[request_id] = _Request(seq, reply_to)
+        self.work.set()
+
+    def admission_error(self, message: SubmitRequest) -> str | None:
+        if not self.state.accepts_requests:
+            return f"worker is {self.state.lower()}: not accepting requests; retry on another group"
+        if not message.request_id or len(message.request_id) > MAX_REQUEST_ID_LENGTH:
+            return f"request_id must have 1 to {MAX_REQUEST_ID_LENGTH} characters"
+        if message.request_id in self.requests:
+            return f"request_id {message.request_id!r} is already in use"
+        try:
+            self.validator.check(message.prompt_token_ids, message.params)
+        except InvalidRequestError as exc:
+            return str(exc)
+        return None
+
+    def reject_frame(self, frames: list[bytes], exc: ProtocolError) -> None:
+        """A frame that failed to decode: answer its reply_to if one can be read, else count it."""
+        self.count_rejected("tasks", exc)
+        try:
+            loose = msgspec.msgpack.decode(frames[-1])
+            reply_to, request_id = loose.get("reply_to"), loose.get("request_id")
+        except Exception:
+            return
+        if isinstance(reply_to, str) and isinstance(request_id, str):
+            try:
+                self.results.check_endpoint(reply_to)
+            except InvalidReplyEndpoint:
+                return
+            self.send_terminal(reply_to, request_id, "error", f"rejected: {exc}")
+        elif isinstance(reply_to, str):
+            self.results.send(reply_to, Rejected(reason=str(exc)))
+
+    def count_rejected(self, channel: str, exc: Exception) -> None:
+        self.num_rejected_frames += 1
+        log.warning(
+            "dropped a frame on the %s channel (%d so far): %s",
+            channel,
+            self.num_rejected_frames,
+            exc,
+        )
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.abort(request.seq.seq_id)
+        self.send_terminal(request.reply_to, request_id, "abort", reason)
+        self.maybe_finish_drain()
+        return True
+
+    def abort_all(self, reason: str) -> int:
+        request_ids = list(self.requests)
+        for request_id in request_ids:
+            self.abort(request_id, reason)
+        return len(request_ids)
+
+    def fail_all(self, reason: str) -> None:
+        for request_id, request in list(self.requests.items()):
+            self.send_terminal(request.reply_to, request_id, "error", reason)
+        self.requests.clear()
+
+    def send_terminal(self, reply_to: str, request_id: str, reason: str, message: str) -> None:
+        delta = TokenDelta(request_id, [], reason, message, self.weights_version)
+        self.results.send(reply_to, Outputs(group=self.group, step_id=self.step_id, deltas=[delta]))
+
+    # -- stepping -----------------------------------------------------------------------------
+
+    def can_step(self) -> bool:
+        return self.scheduler.has_work and self.state is not RankState.PAUSED
+
+    async def step_loop(self) -> None:
+        while True:
+            if not self.can_step():
+                self.work.clear()
+                await self.work.wait()
+                continue
+            started = time.perf_counter()
+            plan = self.scheduler.schedule()
+            if plan is None:
+                self.work.clear()
+                await self.work.wait()
+                continue
+            if self.control is not None:
+                await self.control.send_multipart(encode(PlanMessage(plan=plan)))
+            submitted = time.perf_counter()
+            try:
+                result = await self.run_step(plan)
+            except Exception as exc:
+                reason = f"step {plan.step_id} failed: {type(exc).__name__}: {exc}"
+                self.fail_all(reason)
+                raise FatalError(ExitCode.FAILED, reason) from exc
+            returned = time.perf_counter()
+            self.deliver(self.scheduler.update(plan, result), plan.step_id)
+            self.maybe_finish_drain()
+            self.loop_time.add(submitted - started + time.perf_counter() - returned)
+
+    def deliver(self, outputs: list[SeqOutput], step_id: int) -> None:
+        by_client: dict[str, list[TokenDelta]] = defaultdict(list)
+        version = self.weights_version
+        for out in outputs:
+            request = self.requests.get(out.request_id)
+            if request is None:
+                continue
+            reason = None if out.finish_reason is None else str(out.finish_reason)
+            by_client[request.reply_to].append(
+                TokenDelta(out.request_id, [out.token_id], reason, None, version)
+            )
+            if reason is not None:
+                del self.requests[out.request_id]
+        self.num_tokens_generated += len(outputs)
+        for reply_to, deltas in by_client.items():
+            self.results.send(reply_to, Outputs(group=self.group, step_id=step_id, deltas=deltas))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start_drain(self, deadline_s: float) -> None:
+        if self.state in (RankState.DRAINING, RankState.STOPPED, RankState.FAILED):
+            return
+        self.state = RankState.DRAINING
+        loop = asyncio.get_running_loop()
+        self.drain_timer = loop.call_later(
+            deadline_s, self.abort_all, f"drain deadline of {deadline_s:g}s reached"
+        )
+        self.work.set()
+        self.maybe_finish_drain()
+
+    def maybe_finish_drain(self) -> None:
+        if self.state is RankState.DRAINING and not self.requests:
+            self.stop()
+
+    def queue_depths(self) -> tuple[int, int, int, int]:
+        if self.scheduler is None:
+            return super().queue_depths()
+        manager = self.scheduler.block_manager
+        return (
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            manager.num_used_blocks,
+            manager.num_blocks,
+        )
+
+    async def shutdown(self) -> None:
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+        if self.state is RankState.FAILED:
+            self.fail_all(f"worker failed: {self.detail}")
+        else:
+            self.abort_all("worker shutting down")
+        if self.control is not None:
+            try:
+                await self.control.send_multipart(
+                    encode(self.shutdown_message()), flags=zmq.NOBLOCK
+                )
+            except zmq.ZMQError:
+                pass
+        self.results.close()
+        await super().shutdown()
+
+    def shutdown_message(self) -> Shutdown:
+        failed = self.state is RankState.FAILED
+        return Shutdown(reason=self.detail or "driver stopped", failed=failed)
+
+    # -- admin --------------------------------------------------------------------------------
+
+    async def admin_loop(self) -> None:
+        while True:
+            frames = await self.admin_socket.recv_multipart()
+            identity, body = frames[0], frames[1:]
+            # A REQ client puts an empty delimiter before the body; echo it back.
+            delimiter = [b""] if body[:1] == [b""] else []
+            try:
+                reply = admin.handle(self, ADMIN_DECODER.decode(body[len(delimiter) :]))
+            except ProtocolError as exc:
+                self.count_rejected("admin", exc)
+                reply = AdminReply(ok=False, message=str(exc))
+            await self.admin_socket.send_multipart([identity, *delimiter, *encode(reply)])

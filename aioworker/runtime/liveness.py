@@ -1,0 +1,77 @@
+"""Watch other ranks' heartbeats: a rank is lost when it beats FAILED, or when no beat has come
+for `stale_after` intervals (killed, frozen, or cut off)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+import zmq.asyncio
+
+from aioworker.protocol import HEARTBEAT_DECODER, ProtocolError
+from aioworker.runtime.program import FatalError
+from aioworker.runtime.state import ExitCode
+
+STALE_AFTER_INTERVALS = 3
+
+
+class LivenessWatch:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        ranks: set[int],
+        interval_s: float,
+        first_beat_grace_s: float,
+    ) -> None:
+        self.sock = sock
+        self.interval_s = interval_s
+        started = time.monotonic()
+        # Until a rank's first beat, allow for its process to start.
+        self.deadlines = {rank: started + first_beat_grace_s for rank in ranks}
+        self.states: dict[int, str] = {}
+
+    async def run(self) -> None:
+        """Returns never; raises FatalError(PEER_LOST) when a watched rank is lost."""
+        receiver = asyncio.ensure_future(self._receive())
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                if receiver.done():
+                    receiver.result()
+                self.check(time.monotonic())
+        finally:
+            receiver.cancel()
+
+    def check(self, now: float) -> None:
+        for rank, deadline in self.deadlines.items():
+            if self.states.get(rank) == "FAILED":
+                raise FatalError(ExitCode.PEER_LOST, f"rank {rank} reported FAILED")
+            if now > deadline:
+                raise FatalError(
+                    ExitCode.PEER_LOST,
+                    f"rank {rank} sent no heartbeat for {STALE_AFTER_INTERVALS} intervals "
+                    f"({STALE_AFTER_INTERVALS * self.interval_s:.1f}s): killed, frozen or unreachable",
+                )
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                beat = HEARTBEAT_DECODER.decode(frames)
+            except ProtocolError:
+                continue
+            if beat.rank in self.deadlines:
+                self.deadlines[beat.rank] = (
+                    time.monotonic() + STALE_AFTER_INTERVALS * beat.interval_s
+                )
+                self.states[beat.rank] = beat.state
+
+
+def watch_socket(context: zmq.asyncio.Context, endpoints: list[str]) -> zmq.asyncio.Socket:
+    sock = context.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    for endpoint in endpoints:
+        sock.connect(endpoint)
+    return sock

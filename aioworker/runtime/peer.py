@@ -1,0 +1,85 @@
+"""Ranks 1..N-1 of a group: run every numbered plan the driver publishes, in order, on their
+shard. A missing plan number means this rank's state has diverged: it reports and exits."""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from aioworker.protocol import (
+    CONTROL_DECODER,
+    PeerFailed,
+    PeerReady,
+    PlanMessage,
+    ProtocolError,
+    Shutdown,
+    encode,
+)
+from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.program import FatalError, RankProgram
+from aioworker.runtime.state import ExitCode, RankState
+
+log = logging.getLogger(__name__)
+
+
+class Peer(RankProgram):
+    def bind_sockets(self) -> None:
+        self.control = self.socket(zmq.SUB, connect=self.endpoints.control)
+        self.control.setsockopt(zmq.SUBSCRIBE, b"")
+        # A topic no message carries: its arrival at the driver's XPUB says we are subscribed.
+        self.control.setsockopt(zmq.SUBSCRIBE, f"rank{self.rank}".encode())
+        self.acks = self.socket(zmq.PUSH, connect=self.endpoints.acks)
+        self.next_step_id = 0
+        self.num_rejected_frames = 0
+        beats = watch_socket(self.context, [self.endpoints.heartbeats[0]])
+        self._sockets.append(beats)
+        interval = self.config.runtime.heartbeat_interval_s
+        self.spawn(LivenessWatch(beats, {0}, interval, first_beat_grace_s=60.0).run())
+
+    async def serve(self) -> None:
+        await self.acks.send_multipart(
+            encode(PeerReady(rank=self.rank, num_blocks=self.spec.num_blocks))
+        )
+        self.state = RankState.READY
+        self.spawn(self.plan_loop())
+
+    async def plan_loop(self) -> None:
+        while True:
+            frames = await self.control.recv_multipart()
+            try:
+                message = CONTROL_DECODER.decode(frames)
+            except ProtocolError as exc:
+                self.num_rejected_frames += 1
+                log.warning(
+                    "dropped a control frame (%d so far): %s", self.num_rejected_frames, exc
+                )
+                continue
+            if isinstance(message, PlanMessage):
+                await self.run_plan(message.plan)
+            elif isinstance(message, Shutdown):
+                if message.failed:
+                    raise FatalError(ExitCode.PEER_LOST, f"the driver failed: {message.reason}")
+                log.info("driver asked to stop: %s", message.reason)
+                self.stop()
+                return
+
+    async def run_plan(self, plan) -> None:
+        if plan.step_id != self.next_step_id:
+            reason = f"expected step plan {self.next_step_id}, got {plan.step_id}: a plan was lost"
+            await self.report_failure(plan.step_id, reason)
+            raise FatalError(ExitCode.PLAN_GAP, reason)
+        self.next_step_id += 1
+        try:
+            await self.run_step(plan)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            await self.report_failure(plan.step_id, reason)
+            raise FatalError(ExitCode.FAILED, f"step {plan.step_id} failed: {reason}") from exc
+
+    async def report_failure(self, step_id: int, reason: str) -> None:
+        message = PeerFailed(rank=self.rank, step_id=step_id, reason=reason)
+        try:
+            await self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass

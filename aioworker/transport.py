@@ -1,0 +1,156 @@
+"""Endpoint naming (all derived from one config) and ZeroMQ socket construction.
+
+Single host: `ipc://` sockets in a 0700 runtime directory. Several hosts: `tcp://host:port`
+with ports laid out from `base_port`. A bind on an ipc path that a live process already serves
+is refused instead of silently taking the socket over.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from aioworker.config import RuntimeOptions
+
+# tcp port offsets inside a group's block of ports.
+_TASKS, _ADMIN, _CONTROL, _ACKS, _DIST, _HEARTBEAT0 = range(6)
+
+
+class EndpointInUseError(RuntimeError):
+    """Another live process already serves this endpoint."""
+
+
+@dataclass(frozen=True)
+class GroupEndpoints:
+    group: int
+    tasks: str
+    admin: str
+    control: str
+    acks: str
+    # torch.distributed rendezvous for the group's tensor-parallel collectives (always tcp).
+    dist_init: str
+    heartbeats: tuple[str, ...]
+
+
+def runtime_directory(runtime: RuntimeOptions) -> Path:
+    """The ipc directory, created owner-only; an existing one must be ours and not group/world open."""
+    if runtime.runtime_dir:
+        path = Path(runtime.runtime_dir)
+    elif xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(xdg) / "aioworker"
+    else:
+        path = Path(f"/tmp/aioworker-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"runtime directory {path} must be owned by uid {os.getuid()} with mode 0700 "
+            f"(it is uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}); fix it or set runtime.runtime_dir"
+        )
+    return path
+
+
+def group_endpoints(runtime: RuntimeOptions, group: int, tp_size: int) -> GroupEndpoints:
+    stride = _HEARTBEAT0 + tp_size
+    base = runtime.base_port + group * stride
+    dist_init = f"tcp://{runtime.host}:{base + _DIST}"
+    if runtime.transport == "tcp":
+
+        def addr(offset: int) -> str:
+            return f"tcp://{runtime.host}:{base + offset}"
+    else:
+        directory = runtime_directory(runtime)
+
+        def addr(offset: int) -> str:
+            names = {_TASKS: "tasks", _ADMIN: "admin", _CONTROL: "control", _ACKS: "acks"}
+            name = names.get(offset) or f"heartbeat-r{offset - _HEARTBEAT0}"
+            return f"ipc://{directory}/{runtime.name}-g{group}-{name}"
+
+    return GroupEndpoints(
+        group=group,
+        tasks=addr(_TASKS),
+        admin=addr(_ADMIN),
+        control=addr(_CONTROL),
+        acks=addr(_ACKS),
+        dist_init=dist_init,
+        heartbeats=tuple(addr(_HEARTBEAT0 + r) for r in range(tp_size)),
+    )
+
+
+def all_group_endpoints(
+    runtime: RuntimeOptions, tp_size: int, dp_size: int
+) -> list[GroupEndpoints]:
+    return [group_endpoints(runtime, g, tp_size) for g in range(dp_size)]
+
+
+def client_reply_endpoint(runtime: RuntimeOptions) -> str:
+    """Where a client binds its result PULL socket (tcp: a free port chosen at bind)."""
+    if runtime.transport == "tcp":
+        return f"tcp://{runtime.host}:*"
+    return f"ipc://{runtime_directory(runtime)}/{runtime.name}-client-{uuid.uuid4().hex[:12]}"
+
+
+def ensure_not_served(endpoint: str) -> None:
+    """Refuse to bind an ipc path another live process is serving (zmq would take it over)."""
+    if not endpoint.startswith("ipc://"):
+        return  # tcp binds fail on their own with EADDRINUSE
+    path = endpoint.removeprefix("ipc://")
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return  # a stale file from a dead process: binding replaces it
+        raise
+    finally:
+        probe.close()
+    raise EndpointInUseError(
+        f"{endpoint} is already served by another process; stop it, or give this deployment "
+        "another runtime.name"
+    )
+
+
+def make_socket(
+    context: zmq.asyncio.Context,
+    kind: int,
+    *,
+    bind: str | None = None,
+    connect: str | list[str] | None = None,
+    hwm: int | None = None,
+) -> zmq.asyncio.Socket:
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if hwm is not None:
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.setsockopt(zmq.RCVHWM, hwm)
+    try:
+        if bind is not None:
+            ensure_not_served(bind)
+            try:
+                sock.bind(bind)
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise EndpointInUseError(
+                        f"{bind} is already in use by another process"
+                    ) from exc
+                raise
+        for endpoint in [connect] if isinstance(connect, str) else connect or []:
+            sock.connect(endpoint)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
+
+
+def bound_endpoint(sock: zmq.Socket) -> str:
+    """The concrete endpoint of the last bind (resolves tcp://host:* to the port chosen)."""
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)

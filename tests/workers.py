@@ -1,0 +1,117 @@
+"""Start real worker processes for tests, wait until they serve, and always stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+
+import zmq
+
+from aioworker.config import WorkerConfig, load_config
+from aioworker.protocol import ADMIN_REPLY_DECODER, AdminRequest, encode
+from aioworker.transport import group_endpoints
+
+FAST_BEATS = {"runtime.heartbeat_interval_s": 0.2}
+
+
+def deployment(**overrides) -> tuple[WorkerConfig, list[str]]:
+    """A config with a unique runtime.name, and the --set arguments that give it to a process."""
+    settings = {"runtime.name": f"t{uuid.uuid4().hex[:8]}", **FAST_BEATS, **overrides}
+    args = [item for key, value in settings.items() for item in ("--set", f"{key}={_toml(value)}")]
+    return load_config(overrides=settings), args
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def start_worker(rank: int, set_args: list[str], *extra: str) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "aioworker.cli.main",
+        "worker",
+        "--rank",
+        str(rank),
+        *set_args,
+        *extra,
+    ]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def admin(
+    config: WorkerConfig, command: str, argument: str = "", group: int = 0, timeout: float = 5.0
+):
+    endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(encode(AdminRequest(command=command, argument=argument)))
+        if not sock.poll(timeout * 1000):
+            return None
+        return ADMIN_REPLY_DECODER.decode(sock.recv_multipart())
+    finally:
+        sock.close()
+        context.term()
+
+
+def wait_ready(
+    config: WorkerConfig, processes: list[subprocess.Popen], timeout: float = 120.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    groups = range(config.parallel.data_parallel_size)
+    pending = set(groups)
+    while pending and time.monotonic() < deadline:
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"worker exited with {process.returncode}: {process.stderr.read()[-2000:]}"
+                )
+        for group in list(pending):
+            reply = admin(config, "status", group=group, timeout=0.5)
+            if reply is not None and reply.data.get("state") == "READY":
+                pending.discard(group)
+        time.sleep(0.05)
+    if pending:
+        raise TimeoutError(f"groups {sorted(pending)} not READY after {timeout}s")
+
+
+def stop(processes: list[subprocess.Popen], timeout: float = 20.0) -> list[int]:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            codes.append(process.wait())
+    return codes
+
+
+@contextmanager
+def running(config: WorkerConfig, set_args: list[str], *extra: str, ranks: list[int] | None = None):
+    ranks = list(range(config.world_size)) if ranks is None else ranks
+    processes = [start_worker(rank, set_args, *extra) for rank in ranks]
+    try:
+        wait_ready(config, processes)
+        yield processes
+    finally:
+        stop(processes)
+        for process in processes:
+            if process.stderr:
+                process.stderr.close()
+
+
+def kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    os.kill(process.pid, sig)
