@@ -48,6 +48,12 @@ class BlockManager:
         seq.block_table.extend(new_block_ids)
         return new_block_ids
 
+    def append_blocks(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """Append `num_blocks` free blocks to `seq` (the caller checked there are enough)."""
+        new_block_ids = [self._take() for _ in range(num_blocks)]
+        seq.block_table.extend(new_block_ids)
+        return new_block_ids
+
     def share(self, seq: Sequence, block_ids: list[int]) -> None:
         """Append already-filled blocks (another sequence's prefix) to `seq`, counting the reference."""
         for block_id in block_ids:

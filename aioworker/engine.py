@@ -119,15 +119,15 @@ class LLMEngine:
             return []
         result = self.executor.submit(plan).result()
         outputs = []
-        for out in self.scheduler.update(plan, result):
+        for request_id, token_id, reason in self.scheduler.update(plan, result):
             text = ""
-            detokenizer = self._detokenizers.get(out.request_id)
+            detokenizer = self._detokenizers.get(request_id)
             if detokenizer is not None:
-                text = detokenizer.add([out.token_id])
-            if out.finish_reason is not None:
-                self._seqs_by_request.pop(out.request_id, None)
-                self._detokenizers.pop(out.request_id, None)
-            outputs.append(RequestOutput(out.request_id, [out.token_id], text, out.finish_reason))
+                text = detokenizer.add([token_id])
+            if reason is not None:
+                self._seqs_by_request.pop(request_id, None)
+                self._detokenizers.pop(request_id, None)
+            outputs.append(RequestOutput(request_id, [token_id], text, reason))
         return outputs
 
     def stream(self) -> Iterator[RequestOutput]:

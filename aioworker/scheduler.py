@@ -10,26 +10,54 @@ same output because sampling depends only on a sequence's own tokens and seed.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from aioworker.block_manager import BlockManager
 from aioworker.plan import NewSeq, SamplingSpec, StepPlan, StepResult
 from aioworker.sequence import FinishReason, SeqStatus, Sequence
 
-
-@dataclass(slots=True)
-class SeqOutput:
-    request_id: str
-    token_id: int
-    finish_reason: FinishReason | None
+# (request_id, sampled token, finish reason or None): a plain tuple, because update() makes
+# one per running sequence per step.
+SeqOutput = tuple[str, int, FinishReason | None]
 
 
-@dataclass(slots=True)
-class _Scheduled:
-    seq: Sequence
-    num_tokens: int
-    new_block_ids: list[int]
-    is_new: bool
+class _PlanBuilder:
+    """The lists of one StepPlan, filled sequence by sequence (the hot path at hundreds of seqs)."""
+
+    __slots__ = (
+        "seq_ids",
+        "num_tokens",
+        "starts",
+        "new_block_ids",
+        "sample",
+        "input_ids",
+        "new_seqs",
+    )
+
+    def __init__(self) -> None:
+        self.seq_ids: list[int] = []
+        self.num_tokens: list[int] = []
+        self.starts: list[int] = []
+        self.new_block_ids: list[list[int]] = []
+        self.sample: list[bool] = []
+        self.input_ids: list[int] = []
+        self.new_seqs: list[NewSeq] = []
+
+    def add(self, seq: Sequence, num_tokens: int, new_block_ids: list[int]) -> None:
+        start = seq.num_computed_tokens
+        end = start + num_tokens
+        self.seq_ids.append(seq.seq_id)
+        self.num_tokens.append(num_tokens)
+        self.starts.append(start)
+        self.new_block_ids.append(new_block_ids)
+        if num_tokens == 1:
+            self.input_ids.append(seq.token_ids[start])
+        else:
+            self.input_ids.extend(seq.token_ids[start:end])
+        seq.num_computed_tokens = end
+        self.sample.append(end == len(seq.token_ids))
+
+
+_NO_BLOCKS: list[int] = []
 
 
 class Scheduler:
@@ -81,12 +109,11 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run (plan ids stay consecutive)."""
-        budget = self.max_num_batched_tokens
-        scheduled: list[_Scheduled] = []
-        budget, preempted = self._schedule_running(budget, scheduled)
+        builder = _PlanBuilder()
+        budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
         if not preempted:
-            self._schedule_waiting(budget, scheduled)
-        return self._build_plan(scheduled) if scheduled else None
+            self._schedule_waiting(budget, builder)
+        return self._build_plan(builder) if builder.seq_ids else None
 
     def update(self, plan: StepPlan, result: StepResult) -> list[SeqOutput]:
         """Append sampled tokens, finish sequences that stop; returns one output per sampled token."""
@@ -94,47 +121,57 @@ class Scheduler:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         sampled = iter(result.sampled_token_ids)
         outputs: list[SeqOutput] = []
+        find, running = self.seqs.get, SeqStatus.RUNNING  # locals: this loop runs per sequence
+        finished = False
         for seq_id, do_sample in zip(plan.seq_ids, plan.sample, strict=True):
             if not do_sample:
                 continue
             token_id = next(sampled)
-            seq = self.seqs.get(seq_id)
-            if seq is None or seq.status is not SeqStatus.RUNNING:
+            seq = find(seq_id)
+            if seq is None or seq.status is not running:
                 continue  # aborted or preempted while the step ran
             seq.token_ids.append(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
-                self._finish(seq, reason)
-            outputs.append(SeqOutput(seq.request_id, token_id, reason))
+                self._finish(seq, reason, still_listed=True)
+                finished = True
+            outputs.append((seq.request_id, token_id, reason))
+        if finished:  # one pass instead of a list.remove per finished sequence
+            self.running = [seq for seq in self.running if seq.status is running]
         return outputs
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _schedule_running(self, budget: int, scheduled: list[_Scheduled]) -> tuple[int, bool]:
+    def _schedule_running(self, budget: int, builder: _PlanBuilder) -> tuple[int, bool]:
         """Returns the budget left and whether anything was preempted."""
         num_preemptions_before = self.num_preemptions
+        block_size = self.block_manager.block_size
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self._make_room(seq, num_tokens):
+            start = seq.num_computed_tokens
+            num_tokens = min(len(seq.token_ids) - start, budget)
+            num_missing = -(-(start + num_tokens) // block_size) - len(seq.block_table)
+            if num_missing <= 0:
+                builder.add(seq, num_tokens, _NO_BLOCKS)
+            elif self._make_room(seq, num_missing):
+                builder.add(seq, num_tokens, self.block_manager.append_blocks(seq, num_missing))
+            else:
                 break  # `seq` itself was preempted, and so was every sequence after it
-            scheduled.append(self._allocate(seq, num_tokens, is_new=False))
             budget -= num_tokens
             index += 1
         return budget, self.num_preemptions > num_preemptions_before
 
-    def _make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Preempt the newest running sequences until `seq` can grow; False if `seq` went too."""
-        target = seq.num_computed_tokens + num_tokens
-        while not self.block_manager.can_allocate(seq, target):
+    def _make_room(self, seq: Sequence, num_blocks: int) -> bool:
+        """Preempt the newest running sequences until `num_blocks` are free; False if `seq` went too."""
+        while self.block_manager.num_free_blocks < num_blocks:
             victim = self.running.pop()
             self._preempt(victim)
             if victim is seq:
                 return False
         return True
 
-    def _schedule_waiting(self, budget: int, scheduled: list[_Scheduled]) -> None:
+    def _schedule_waiting(self, budget: int, builder: _PlanBuilder) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             num_tokens = min(seq.num_uncomputed_tokens, budget)
@@ -143,35 +180,21 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(self._allocate(seq, num_tokens, is_new=True))
+            self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
+            builder.add(seq, num_tokens, list(seq.block_table))
+            builder.new_seqs.append(_new_seq(seq))
             budget -= num_tokens
 
-    def _allocate(self, seq: Sequence, num_tokens: int, is_new: bool) -> _Scheduled:
-        new_block_ids = self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
-        if is_new:
-            new_block_ids = list(seq.block_table)
-        return _Scheduled(seq, num_tokens, new_block_ids, is_new)
-
-    def _build_plan(self, scheduled: list[_Scheduled]) -> StepPlan:
-        input_token_ids: list[int] = []
-        start_positions: list[int] = []
-        sample: list[bool] = []
-        for item in scheduled:
-            seq = item.seq
-            start = seq.num_computed_tokens
-            input_token_ids.extend(seq.token_ids[start : start + item.num_tokens])
-            start_positions.append(start)
-            seq.num_computed_tokens = start + item.num_tokens
-            sample.append(seq.num_computed_tokens == len(seq.token_ids))
+    def _build_plan(self, builder: _PlanBuilder) -> StepPlan:
         plan = StepPlan(
             step_id=self._next_step_id,
-            seq_ids=[item.seq.seq_id for item in scheduled],
-            num_scheduled_tokens=[item.num_tokens for item in scheduled],
-            start_positions=start_positions,
-            new_block_ids=[item.new_block_ids for item in scheduled],
-            sample=sample,
-            input_token_ids=input_token_ids,
-            new_seqs=[_new_seq(item.seq) for item in scheduled if item.is_new],
+            seq_ids=builder.seq_ids,
+            num_scheduled_tokens=builder.num_tokens,
+            start_positions=builder.starts,
+            new_block_ids=builder.new_block_ids,
+            sample=builder.sample,
+            input_token_ids=builder.input_ids,
+            new_seqs=builder.new_seqs,
             released_seq_ids=self._released_seq_ids,
         )
         self._released_seq_ids = []
@@ -186,8 +209,9 @@ class Scheduler:
         self._released_seq_ids.append(seq.seq_id)
         self.num_preemptions += 1
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        if seq.status is SeqStatus.RUNNING:
+    def _finish(self, seq: Sequence, reason: FinishReason, still_listed: bool = False) -> None:
+        """`still_listed`: the caller removes finished sequences from `running` itself."""
+        if seq.status is SeqStatus.RUNNING and not still_listed:
             self.running.remove(seq)
         if seq.block_table or seq.status is SeqStatus.RUNNING:
             self._released_seq_ids.append(seq.seq_id)
@@ -197,9 +221,10 @@ class Scheduler:
         del self.seqs[seq.seq_id]
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
-        if token_id in seq.stop_token_ids and seq.num_output_tokens > seq.params.min_tokens:
+        num_outputs = len(seq.token_ids) - seq.num_prompt_tokens
+        if token_id in seq.stop_token_ids and num_outputs > seq.params.min_tokens:
             return FinishReason.STOP
-        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+        if num_outputs >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

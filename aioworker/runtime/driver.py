@@ -8,7 +8,6 @@ import collections
 import itertools
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import msgspec
@@ -88,6 +87,7 @@ class Driver(RankProgram):
         self.work = asyncio.Event()
         # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
         self.loop_time = RecentMean()
+        self.loop_cpu_time = RecentMean()  # the same, in this thread's CPU time
         self.scheduler: Scheduler | None = None
         self.drain_timer: asyncio.TimerHandle | None = None
         self.control = self.acks = None
@@ -284,7 +284,7 @@ class Driver(RankProgram):
                 self.work.clear()
                 await self.work.wait()
                 continue
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             plan = self.scheduler.schedule()
             if plan is None:
                 self.work.clear()
@@ -292,31 +292,35 @@ class Driver(RankProgram):
                 continue
             if self.control is not None:
                 await self.control.send_multipart(encode(PlanMessage(plan=plan)))
-            submitted = time.perf_counter()
+            submitted, submitted_cpu = time.perf_counter(), time.thread_time()
             try:
                 result = await self.run_step(plan)
             except Exception as exc:
                 reason = f"step {plan.step_id} failed: {type(exc).__name__}: {exc}"
                 self.fail_all(reason)
                 raise FatalError(ExitCode.FAILED, reason) from exc
-            returned = time.perf_counter()
+            returned, returned_cpu = time.perf_counter(), time.thread_time()
             self.deliver(self.scheduler.update(plan, result), plan.step_id)
             self.maybe_finish_drain()
             self.loop_time.add(submitted - started + time.perf_counter() - returned)
+            self.loop_cpu_time.add(submitted_cpu - started_cpu + time.thread_time() - returned_cpu)
 
     def deliver(self, outputs: list[SeqOutput], step_id: int) -> None:
-        by_client: dict[str, list[TokenDelta]] = defaultdict(list)
-        version = self.weights_version
-        for out in outputs:
-            request = self.requests.get(out.request_id)
+        """One Outputs message per client for this step (runs per sequence: kept lean)."""
+        by_client: dict[str, list[TokenDelta]] = {}
+        find, version = self.requests.get, self.weights_version
+        for request_id, token_id, reason in outputs:
+            request = find(request_id)
             if request is None:
                 continue
-            reason = None if out.finish_reason is None else str(out.finish_reason)
-            by_client[request.reply_to].append(
-                TokenDelta(out.request_id, [out.token_id], reason, None, version)
-            )
+            delta = TokenDelta(request_id, [token_id], reason, None, version)
+            deltas = by_client.get(request.reply_to)
+            if deltas is None:
+                by_client[request.reply_to] = [delta]
+            else:
+                deltas.append(delta)
             if reason is not None:
-                del self.requests[out.request_id]
+                del self.requests[request_id]
         self.num_tokens_generated += len(outputs)
         for reply_to, deltas in by_client.items():
             self.results.send(reply_to, Outputs(group=self.group, step_id=step_id, deltas=deltas))
