@@ -48,11 +48,15 @@ class SchedulerOptions(_Section):
 
 class DeviceOptions(_Section):
     kind: Literal["auto", "cpu", "cuda"] = "auto"
-    attention_backend: Literal["auto", "torch", "xformers"] = "auto"
+    # auto: triton (our paged kernel) on CUDA, torch elsewhere; xformers: its paged decode kernel.
+    attention_backend: Literal["auto", "torch", "triton", "xformers"] = "auto"
     # CPU threads for torch; 0 = torch's default.
     num_threads: int = 0
     # CPU: reorder linear weights once into oneDNN's layout (faster matmuls, a second copy in memory).
     cpu_packed_weights: bool = True
+    # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
+    cuda_graphs: bool = True
+    max_capture_batch_size: int = 256
 
 
 class ParallelOptions(_Section):

@@ -7,6 +7,7 @@ for completion in engine.generate(["Hello"], SamplingParams(max_tokens=32)):
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._seqs_by_request: dict[str, Sequence] = {}
+        # Up to two steps in flight: the next is scheduled and launched while one runs.
+        self._in_flight: collections.deque = collections.deque()
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
 
     @classmethod
@@ -109,15 +112,22 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
+        # Steps still in flight for requests that ended are drained by the next step().
         return self.scheduler.has_work
 
     # -- stepping -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        if plan is None:
+        """Wait for the oldest step in flight (launching the next first) and return its outputs."""
+        while len(self._in_flight) < 2:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                break
+            self._in_flight.append((plan, self.executor.submit(plan)))
+        if not self._in_flight:
             return []
-        result = self.executor.submit(plan).result()
+        plan, future = self._in_flight.popleft()
+        result = future.result()
         outputs = []
         for request_id, token_id, reason in self.scheduler.update(plan, result):
             text = ""

@@ -1,5 +1,10 @@
 """The executor thread: it owns the device, the model, the KV cache and (on a GPU) its own CUDA
-stream. The asyncio loop and the offline engine meet it only through `submit(plan) -> Future`."""
+stream. The asyncio loop and the offline engine meet it only through `submit(plan) -> Future`.
+
+Steps are launched on the executor thread and completed on a second thread that waits for each
+step's sampled tokens: so while step N runs on the GPU, step N+1 can already be launched behind
+it, and the GPU never waits for the host between steps.
+"""
 
 from __future__ import annotations
 
@@ -22,23 +27,31 @@ class Executor:
         self.device = device
         self.runner = None  # set by `call(build)` on this thread
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._launched: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._completer = threading.Thread(
+            target=self._complete, name=f"{name}-completion", daemon=True
+        )
         self._thread.start()
+        self._completer.start()
 
     def submit(self, plan: StepPlan) -> Future[StepResult]:
-        return self.call(lambda: self.runner.execute(plan))
+        future: Future = Future()
+        self._jobs.put((None, plan, future))
+        return future
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Run any function on the executor thread (loading, profiling, the step itself)."""
+        """Run any function on the executor thread (loading, profiling, weight updates)."""
         future: Future = Future()
-        self._jobs.put((fn, future))
+        self._jobs.put((fn, None, future))
         return future
 
     def shutdown(self, timeout: float | None = None) -> bool:
-        """Stop after the jobs already queued; False if the thread is still busy after `timeout`."""
+        """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""
         self._jobs.put(_STOP)
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        self._completer.join(timeout)
+        return not (self._thread.is_alive() or self._completer.is_alive())
 
     def _run(self) -> None:
         stream = None
@@ -47,10 +60,22 @@ class Executor:
             stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             while (job := self._jobs.get()) is not _STOP:
-                fn, future = job
+                fn, plan, future = job
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    future.set_result(fn())
+                    if plan is not None:
+                        self._launched.put((self.runner.launch(plan), future))
+                    else:
+                        future.set_result(fn())
                 except BaseException as exc:  # delivered to whoever awaits the future
                     future.set_exception(exc)
+        self._launched.put(_STOP)
+
+    def _complete(self) -> None:
+        while (item := self._launched.get()) is not _STOP:
+            step, future = item
+            try:
+                future.set_result(step.result())
+            except BaseException as exc:
+                future.set_exception(exc)

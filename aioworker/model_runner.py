@@ -14,7 +14,7 @@ import torch
 from aioworker.layers.attention import AttentionContext
 from aioworker.layers.attention.slots import SeqSlots
 from aioworker.parallel import TensorParallel
-from aioworker.plan import SamplingSpec, StepPlan, StepResult
+from aioworker.plan import PENDING_TOKEN, SamplingSpec, StepPlan, StepResult
 from aioworker.sampling import Sampler, SampleRow
 
 
@@ -27,6 +27,17 @@ class _SeqState:
     block_table: list[int]
     num_prompt_tokens: int
     sampling: SamplingSpec
+    last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
+
+
+class CompletedStep:
+    """A step whose result is already on the host (the CPU path runs steps synchronously)."""
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+
+    def result(self) -> StepResult:
+        return self._result
 
 
 @dataclass
@@ -54,6 +65,10 @@ class ModelRunner:
         self.tp = tp
         self.seqs: dict[int, _SeqState] = {}
 
+    def launch(self, plan: StepPlan):
+        """Start a step; the returned object's result() gives its StepResult (here: at once)."""
+        return CompletedStep(self.execute(plan))
+
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         self.apply_plan_state(plan)
@@ -64,9 +79,43 @@ class ModelRunner:
         if not inputs.sample_rows:
             return StepResult(plan.step_id, [])
         logits = self.model.compute_logits(hidden[inputs.sample_idx])
-        if not self.tp.is_driver:
-            return StepResult(plan.step_id, [])
-        return StepResult(plan.step_id, self.sampler(logits, inputs.sample_rows).tolist())
+        tokens = self.share_samples(
+            self.sampler(logits, inputs.sample_rows) if self.tp.is_driver else None,
+            len(inputs.sample_rows),
+        )
+        sampled_ids = [
+            s for s, do_sample in zip(plan.seq_ids, plan.sample, strict=True) if do_sample
+        ]
+        token_list = tokens.tolist()
+        for seq_id, token in zip(sampled_ids, token_list, strict=True):
+            self.seqs[seq_id].last_sampled = token
+        return StepResult(plan.step_id, token_list if self.tp.is_driver else [])
+
+    def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
+        """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the
+        next step's inputs. On the driver `tokens` is given; peers pass None and receive."""
+        if self.tp.size == 1:
+            return tokens
+        import torch.distributed as dist
+
+        if tokens is None:
+            tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
+        tokens = tokens.to(torch.int64)
+        dist.broadcast(tokens, src=0)
+        return tokens
+
+    def resolve_pending(self, plan: StepPlan) -> list[int]:
+        """The plan's input ids with each PENDING_TOKEN replaced by the token sampled for it."""
+        ids = plan.input_token_ids
+        if PENDING_TOKEN not in ids:
+            return ids
+        ids = list(ids)
+        end = 0
+        for seq_id, num_tokens in zip(plan.seq_ids, plan.num_scheduled_tokens, strict=True):
+            end += num_tokens
+            if ids[end - 1] == PENDING_TOKEN:
+                ids[end - 1] = self.seqs[seq_id].last_sampled
+        return ids
 
     def apply_plan_state(self, plan: StepPlan) -> None:
         for seq_id in plan.released_seq_ids:
@@ -81,23 +130,32 @@ class ModelRunner:
                 )
             state.block_table.extend(block_ids)
 
-    def prepare_inputs(self, plan: StepPlan) -> StepInputs:
-        seq_slots, positions, sample_idx, rows = [], [], [], []
+    def sample_rows(self, plan: StepPlan) -> tuple[list[int], list[SampleRow]]:
+        """Batch rows whose next token is sampled, and what each one samples with."""
+        sample_idx, rows = [], []
         token_offset = 0
         for seq_id, num_tokens, start, do_sample in zip(
             plan.seq_ids, plan.num_scheduled_tokens, plan.start_positions, plan.sample, strict=True
         ):
-            state = self.seqs[seq_id]
-            seq_slots.append(SeqSlots(num_tokens, start, state.block_table))
-            positions.append(np.arange(start, start + num_tokens))
             token_offset += num_tokens
             if do_sample:
-                sample_idx.append(token_offset - 1)
+                state = self.seqs[seq_id]
                 end = start + num_tokens
+                sample_idx.append(token_offset - 1)
                 rows.append(SampleRow(state.sampling, end, end - state.num_prompt_tokens))
+        return sample_idx, rows
+
+    def prepare_inputs(self, plan: StepPlan) -> StepInputs:
+        seq_slots, positions = [], []
+        for seq_id, num_tokens, start in zip(
+            plan.seq_ids, plan.num_scheduled_tokens, plan.start_positions, strict=True
+        ):
+            seq_slots.append(SeqSlots(num_tokens, start, self.seqs[seq_id].block_table))
+            positions.append(np.arange(start, start + num_tokens))
+        sample_idx, rows = self.sample_rows(plan)
         device = self.device
         return StepInputs(
-            token_ids=torch.tensor(plan.input_token_ids, dtype=torch.long, device=device),
+            token_ids=torch.tensor(self.resolve_pending(plan), dtype=torch.long, device=device),
             positions=torch.from_numpy(np.concatenate(positions)).to(device),
             attn=AttentionContext(self.backend, self.backend.build_metadata(seq_slots, device)),
             sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=device),

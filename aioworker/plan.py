@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import msgspec
 
+# An input token that the previous step samples: the executor takes it from its own record of
+# that step's samples, so the next plan can be built while the previous step still runs.
+PENDING_TOKEN = -1
+
 
 class SamplingSpec(msgspec.Struct, array_like=True, frozen=True):
     temperature: float
@@ -38,7 +42,8 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True):
     new_block_ids: list[list[int]]
     # True where this step computes the last known token, so a new one is sampled.
     sample: list[bool]
-    # Input tokens of all scheduled sequences, concatenated.
+    # Input tokens of all scheduled sequences, concatenated; PENDING_TOKEN where a sequence's
+    # last input is the token the previous step samples for it.
     input_token_ids: list[int]
     new_seqs: list[NewSeq] = []
     # Finished, aborted or preempted since the last plan: executors drop their state first.

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from aioworker.config import WorkerConfig
 from aioworker.executor import Executor
 from aioworker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
+from aioworker.kv_profile import profile_num_blocks
 from aioworker.layers import cpu_packing
-from aioworker.layers.attention import select_backend
+from aioworker.layers.attention import TorchAttentionBackend
 from aioworker.loader import (
     checkpoint_files,
     count_tensors,
@@ -85,11 +88,8 @@ def build_rank(
             executor.call(
                 lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
             ).result()
-        num_blocks = executor.call(
-            lambda: _build_runner(
-                executor, config, cfg, model_dir, device, dtype, max_model_len, tp, progress
-            )
-        ).result()
+        build = _Build(config, cfg, model_dir, device, dtype, max_model_len, tp, progress)
+        num_blocks = executor.call(lambda: _build_runner(executor, build)).result()
     except BaseException:
         executor.shutdown()
         raise
@@ -106,27 +106,88 @@ def build_rank(
     return executor, spec
 
 
-def _build_runner(
-    executor, config, cfg, model_dir, device, dtype, max_model_len, tp, progress
-) -> int:
+@dataclass(frozen=True)
+class _Build:
+    config: WorkerConfig
+    model_config: ModelConfig
+    model_dir: Path
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    tp: TensorParallel
+    progress: bool
+
+
+def _build_runner(executor: Executor, build: _Build) -> int:
     """Runs on the executor thread: the device's state is created where it will be used."""
-    model = _build_model(cfg, max_model_len, tp, device, dtype)
+    config, device = build.config, build.device
+    model = _build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
     if config.model.load_format == "dummy":
         init_dummy_weights(model, config.model.seed)
     else:
-        files = checkpoint_files(model_dir)
+        files = checkpoint_files(build.model_dir)
         load_weights(
-            model, iterate_checkpoint(files), total=count_tensors(files), progress=progress
+            model, iterate_checkpoint(files), total=count_tensors(files), progress=build.progress
         )
     if config.device.cpu_packed_weights and cpu_packing.is_available(device):
         cpu_packing.pack_model(model)
+    if device.type == "cuda" and config.device.attention_backend != "torch":
+        return _build_cuda_runner(executor, model, build)
     layers = model.attention_layers()
-    num_blocks = _num_blocks(config, cfg, layers[0].num_kv_heads, dtype, max_model_len)
-    allocate_kv_cache(layers, num_blocks, config.cache.block_size, dtype, device)
-    backend = select_backend(
-        config.device.attention_backend, device.type, config.cache.block_size, cfg.sliding_window
+    num_blocks = _num_blocks(
+        config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
     )
-    executor.runner = ModelRunner(model, backend, Sampler(config.model.seed, device), device, tp)
+    allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device)
+    backend = TorchAttentionBackend(config.cache.block_size, build.model_config.sliding_window)
+    executor.runner = ModelRunner(
+        model, backend, Sampler(config.model.seed, device), device, build.tp
+    )
+    return num_blocks
+
+
+def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
+    from aioworker.layers.attention import select_cuda_backend  # Triton enters here
+    from aioworker.model_runner_cuda import CudaModelRunner
+
+    config, device = build.config, build.device
+    window = build.model_config.sliding_window
+    if window is not None and window < build.max_model_len:
+        raise ValueError(
+            f"the model attends within a sliding window of {window} tokens, which the CUDA "
+            "backends do not implement; set device.attention_backend = 'torch', or "
+            f"model.max_model_len <= {window}"
+        )
+
+    def runner(num_blocks: int, capture: int = 0):
+        return CudaModelRunner(
+            model,
+            select_cuda_backend(config.device.attention_backend, config.cache.block_size),
+            Sampler(config.model.seed, device),
+            device,
+            build.tp,
+            block_size=config.cache.block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_model_len=build.max_model_len,
+            max_capture_batch_size=capture,
+        )
+
+    num_blocks = config.cache.num_blocks
+    if not num_blocks:
+        num_blocks = profile_num_blocks(
+            runner, model, config, build.model_config, build.dtype, device
+        ).num_blocks
+    _check_holds_one_sequence(
+        num_blocks, config.cache.block_size, build.max_model_len, "gpu_memory_utilization"
+    )
+    # One block more than the scheduler may use: the scratch block of padded graph rows.
+    allocate_kv_cache(
+        model.attention_layers(), num_blocks + 1, config.cache.block_size, build.dtype, device
+    )
+    capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
+    executor.runner = runner(num_blocks, capture)
+    if executor.runner.graphs is not None:
+        executor.runner.graphs.capture()
     return num_blocks
 
 
@@ -150,10 +211,16 @@ def _num_blocks(
     num_blocks = config.cache.num_blocks or num_blocks_for_bytes(
         config.cache.cpu_cache_bytes, bytes_per_block(cfg, num_kv_heads, block_size, dtype)
     )
+    _check_holds_one_sequence(num_blocks, block_size, max_model_len, "cpu_cache_bytes")
+    return num_blocks
+
+
+def _check_holds_one_sequence(
+    num_blocks: int, block_size: int, max_model_len: int, knob: str
+) -> None:
     if num_blocks * block_size < max_model_len:
         raise CacheTooSmallError(
             f"the KV cache holds {num_blocks} blocks x {block_size} = {num_blocks * block_size} tokens, "
-            f"fewer than max_model_len ({max_model_len}); raise cache.cpu_cache_bytes or "
+            f"fewer than max_model_len ({max_model_len}); raise cache.{knob} or "
             "cache.num_blocks, or lower model.max_model_len"
         )
-    return num_blocks

@@ -44,13 +44,11 @@ class Sampler:
         if all(row.spec.temperature == 0.0 for row in rows):
             return greedy_ids
         temperatures = [row.spec.temperature or 1.0 for row in rows]
-        logits = logits / torch.tensor(temperatures, device=logits.device)[:, None]
+        logits = logits / _on(logits.device, temperatures)[:, None]
         logits = _apply_top_k_top_p(logits, rows)
         probs = torch.softmax(logits, dim=-1)
         sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
-        is_greedy = torch.tensor(
-            [row.spec.temperature == 0.0 for row in rows], device=logits.device
-        )
+        is_greedy = _on(logits.device, [row.spec.temperature == 0.0 for row in rows])
         return torch.where(is_greedy, greedy_ids, sampled_ids)
 
     def _noise(self, rows: list[SampleRow], vocab_size: int) -> torch.Tensor:
@@ -64,10 +62,19 @@ class Sampler:
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
 
 
+def _on(device: torch.device, values: list) -> torch.Tensor:
+    """A small tensor on `device` without blocking the host: a pageable copy would wait for
+    the steps already queued on the stream, and the next step is launched behind this one."""
+    tensor = torch.tensor(values)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 def _mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     for i, row in enumerate(rows):
         if row.num_output_tokens < row.spec.min_tokens and row.spec.stop_token_ids:
-            logits[i, row.spec.stop_token_ids] = float("-inf")
+            logits[i, _on(logits.device, row.spec.stop_token_ids)] = float("-inf")
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -77,12 +84,12 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Ten
         return logits
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-    k = torch.tensor([k or logits.shape[-1] for k in top_k], device=logits.device)[:, None]
+    k = _on(logits.device, [k or logits.shape[-1] for k in top_k])[:, None]
     sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
     sorted_probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     # top_p == 1 must keep everything, even where rounding pushes the cumulative mass past 1.
-    p = torch.tensor([p if p < 1.0 else float("inf") for p in top_p], device=logits.device)[:, None]
+    p = _on(logits.device, [p if p < 1.0 else float("inf") for p in top_p])[:, None]
     # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
     sorted_logits = sorted_logits.masked_fill(mass_before >= p, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_ids, sorted_logits)

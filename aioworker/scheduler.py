@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from aioworker.block_manager import BlockManager
-from aioworker.plan import NewSeq, SamplingSpec, StepPlan, StepResult
+from aioworker.plan import PENDING_TOKEN, NewSeq, SamplingSpec, StepPlan, StepResult
 from aioworker.sequence import FinishReason, SeqStatus, Sequence
 
 # (request_id, sampled token, finish reason or None): a plain tuple, because update() makes
@@ -45,16 +45,22 @@ class _PlanBuilder:
     def add(self, seq: Sequence, num_tokens: int, new_block_ids: list[int]) -> None:
         start = seq.num_computed_tokens
         end = start + num_tokens
+        known = len(seq.token_ids)
         self.seq_ids.append(seq.seq_id)
         self.num_tokens.append(num_tokens)
         self.starts.append(start)
         self.new_block_ids.append(new_block_ids)
         if num_tokens == 1:
-            self.input_ids.append(seq.token_ids[start])
+            self.input_ids.append(seq.token_ids[start] if start < known else PENDING_TOKEN)
         else:
             self.input_ids.extend(seq.token_ids[start:end])
+            if end > known:  # only ever the last one: the token in flight
+                self.input_ids.append(PENDING_TOKEN)
         seq.num_computed_tokens = end
-        self.sample.append(end == len(seq.token_ids))
+        is_last = end == known + seq.num_pending_tokens
+        self.sample.append(is_last)
+        if is_last:
+            seq.num_pending_tokens += 1
 
 
 _NO_BLOCKS: list[int] = []
@@ -128,8 +134,12 @@ class Scheduler:
                 continue
             token_id = next(sampled)
             seq = find(seq_id)
-            if seq is None or seq.status is not running:
-                continue  # aborted or preempted while the step ran
+            if seq is None:
+                continue  # finished or aborted while the step ran
+            if seq.num_stale_tokens:
+                seq.num_stale_tokens -= 1  # sampled before a preemption: recomputed later
+                continue
+            seq.num_pending_tokens -= 1
             seq.token_ids.append(token_id)
             reason = self._stop_reason(seq, token_id)
             if reason is not None:
@@ -149,8 +159,11 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            index += 1
+            if self._finishes_with_pending(seq):
+                continue  # its token in flight is its last: nothing more to run
             start = seq.num_computed_tokens
-            num_tokens = min(len(seq.token_ids) - start, budget)
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
             num_missing = -(-(start + num_tokens) // block_size) - len(seq.block_table)
             if num_missing <= 0:
                 builder.add(seq, num_tokens, _NO_BLOCKS)
@@ -159,8 +172,16 @@ class Scheduler:
             else:
                 break  # `seq` itself was preempted, and so was every sequence after it
             budget -= num_tokens
-            index += 1
         return budget, self.num_preemptions > num_preemptions_before
+
+    def _finishes_with_pending(self, seq: Sequence) -> bool:
+        """Whether the token in flight will end `seq` by length (a stop token cannot be known)."""
+        if not seq.num_pending_tokens:
+            return False
+        length = len(seq.token_ids) + seq.num_pending_tokens
+        return (
+            length - seq.num_prompt_tokens >= seq.params.max_tokens or length >= self.max_model_len
+        )
 
     def _make_room(self, seq: Sequence, num_blocks: int) -> bool:
         """Preempt the newest running sequences until `num_blocks` are free; False if `seq` went too."""
@@ -204,6 +225,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.num_stale_tokens += seq.num_pending_tokens
+        seq.num_pending_tokens = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self._released_seq_ids.append(seq.seq_id)

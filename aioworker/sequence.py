@@ -31,6 +31,8 @@ class Sequence:
         "status",
         "finish_reason",
         "stop_token_ids",
+        "num_pending_tokens",
+        "num_stale_tokens",
     )
 
     def __init__(
@@ -52,6 +54,10 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         eos = () if params.ignore_eos else eos_token_ids
         self.stop_token_ids = frozenset(params.stop_token_ids) | frozenset(eos)
+        # Sampled by a step in flight, not yet appended to token_ids (scheduling runs ahead).
+        self.num_pending_tokens = 0
+        # In-flight tokens from before a preemption: they arrive, and are dropped.
+        self.num_stale_tokens = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -62,7 +68,7 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return len(self.token_ids) + self.num_pending_tokens - self.num_computed_tokens
 
     @property
     def output_token_ids(self) -> list[int]:

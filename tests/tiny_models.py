@@ -43,8 +43,11 @@ def tiny_configs():
     }
 
 
-def build_tiny_model(name: str, out_dir: Path, seed: int = 0):
-    """Save a model with every parameter random (biases and norms too) and return it."""
+def build_tiny_model(name: str, out_dir: Path, seed: int = 0, logit_scale: float = 1.0):
+    """Save a model with every parameter random (biases and norms too) and return it.
+
+    `logit_scale` multiplies the LM head: sharper distributions keep bf16 rounding differences
+    from flipping greedy choices between two implementations (a near-tie says nothing)."""
     from transformers import AutoModelForCausalLM
 
     config = tiny_configs()[name]
@@ -58,6 +61,8 @@ def build_tiny_model(name: str, out_dir: Path, seed: int = 0):
                 param.copy_(1.0 + 0.1 * noise)
             else:
                 param.copy_(0.08 * noise)
+        if logit_scale != 1.0 and not config.tie_word_embeddings:
+            model.lm_head.weight.mul_(logit_scale)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     model.save_pretrained(out_dir)

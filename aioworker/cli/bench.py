@@ -9,10 +9,11 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
+GPU_WORKLOADS = ("w1", "w4", "w5")
 WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
-    "returns at once, against echo baselines"
+    "returns at once, against echo baselines; w1, w4, w5: the GPU workloads of docs/benchmarks.md"
 )
 
 
@@ -20,8 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        choices=[*CPU_WORKLOADS, "control"],
+        choices=[*CPU_WORKLOADS, "control", *GPU_WORKLOADS],
         help=WORKLOAD_HELP,
+    )
+    parser.add_argument(
+        "--no-reference", action="store_true", help="GPU workloads: skip the transformers baseline"
     )
     parser.add_argument(
         "--record",
@@ -32,11 +36,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload and all(w in GPU_WORKLOADS for w in args.workload):
+        return run_gpu(args.workload, not args.no_reference, args.record)
     if args.workload == ["control"]:
         return run_control_plane(args.record)
     if args.workload and "control" in args.workload:
         return fail("run --workload control on its own")
     return run_offline(args)
+
+
+def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> int:
+    from aioworker.bench import gpu, gpu_run
+    from aioworker.bench.report import append_to_doc
+
+    limits = gpu.measure_limits()
+    print(
+        f"measured: copy {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    runners = {
+        "w4": lambda: gpu_run.run_w4(limits, with_reference),
+        "w5": lambda: gpu_run.run_w5(limits, with_reference),
+        "w1": lambda: gpu_run.run_w1(limits),
+    }
+    for name in workloads:
+        table, notes = runners[name]()
+        print(table, notes, sep="\n", flush=True)
+        if record:
+            append_to_doc(record, f"GPU workload {name.upper()}", table, notes)
+    return 0
 
 
 def run_control_plane(record: str | None) -> int:

@@ -44,20 +44,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", angles.cos(), persistent=False)
         self.register_buffer("sin_cache", angles.sin(), persistent=False)
 
-    def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Looked up once per forward pass and shared by every layer: [T, 1, D] each."""
-        cos = self.cos_cache[positions].unsqueeze(1).to(dtype)
-        sin = self.sin_cache[positions].unsqueeze(1).to(dtype)
-        return cos, sin
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Looked up once per forward pass and shared by every layer: float32 [T, D] each."""
+        return self.cos_cache[positions], self.sin_cache[positions]
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # q: [T, Hq, D]; k: [T, Hkv, D]; cos, sin: [T, 1, D]
-    cos, sin = cos_sin
+    # q: [T, Hq, D]; k: [T, Hkv, D]; cos, sin: float32 [T, D], used in q's dtype as HF does
+    cos, sin = cos.unsqueeze(1).to(q.dtype), sin.unsqueeze(1).to(q.dtype)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

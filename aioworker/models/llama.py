@@ -7,13 +7,13 @@ Tokens of all scheduled sequences are flattened into one batch: activations are 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from aioworker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
 from aioworker.layers.norm import RMSNorm
-from aioworker.layers.rotary import RotaryEmbedding, apply_rotary
+from aioworker.layers.ops import add_rms_norm, norm_rope, silu_and_mul
+from aioworker.layers.rotary import RotaryEmbedding
 from aioworker.model_config import ModelConfig
 from aioworker.parallel import TensorParallel
 
@@ -51,9 +51,7 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, rope)
+        q, k = norm_rope(q, k, rope, self.q_norm, self.k_norm)
         out = attn.backend.forward(q, k, v, self.k_cache, self.v_cache, attn.metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -66,8 +64,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -79,10 +76,14 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn
-    ) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, residual, attn
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns this layer's MLP output and the residual stream before it is added: the next
+        layer (or the final norm) adds them, fused with its norm."""
+        x, residual = add_rms_norm(self.input_layernorm, x, residual)
+        x = self.self_attn(rope, x, attn)
+        x, residual = add_rms_norm(self.post_attention_layernorm, x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -97,10 +98,11 @@ class LlamaModel(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
         x = self.embed_tokens(token_ids)
-        rope = self.rotary.cos_sin(positions, x.dtype)
+        rope = self.rotary.cos_sin(positions)
+        residual = None
         for layer in self.layers:
-            x = layer(rope, x, attn)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual, attn)
+        return add_rms_norm(self.norm, x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -44,6 +44,8 @@ from aioworker.sequence import Sequence
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_ID_LENGTH = 256
+# Steps launched ahead: one running, one queued behind it on the device.
+MAX_IN_FLIGHT = 2
 # How long the driver waits for every peer to load and subscribe.
 PEER_STARTUP_TIMEOUT_S = 1800.0
 
@@ -279,31 +281,41 @@ class Driver(RankProgram):
         return self.scheduler.has_work and self.state is not RankState.PAUSED
 
     async def step_loop(self) -> None:
+        """Keep up to MAX_IN_FLIGHT steps launched: the next plan is built and queued on the
+        device while the current step runs, then the oldest step's tokens are delivered."""
+        in_flight: collections.deque = collections.deque()
         while True:
-            if not self.can_step():
-                self.work.clear()
-                await self.work.wait()
-                continue
             started, started_cpu = time.perf_counter(), time.thread_time()
-            plan = self.scheduler.schedule()
-            if plan is None:
+            await self.launch_steps(in_flight)
+            launched, launched_cpu = time.perf_counter(), time.thread_time()
+            if not in_flight:
                 self.work.clear()
                 await self.work.wait()
                 continue
-            if self.control is not None:
-                await self.control.send_multipart(encode(PlanMessage(plan=plan)))
-            submitted, submitted_cpu = time.perf_counter(), time.thread_time()
+            plan, future, submitted_at = in_flight[0]
+            self.step_id, self.step_started_at = plan.step_id, submitted_at
             try:
-                result = await self.run_step(plan)
+                result = await asyncio.wrap_future(future)
             except Exception as exc:
                 reason = f"step {plan.step_id} failed: {type(exc).__name__}: {exc}"
                 self.fail_all(reason)
                 raise FatalError(ExitCode.FAILED, reason) from exc
+            in_flight.popleft()
+            self.step_started_at = in_flight[0][2] if in_flight else None
             returned, returned_cpu = time.perf_counter(), time.thread_time()
             self.deliver(self.scheduler.update(plan, result), plan.step_id)
             self.maybe_finish_drain()
-            self.loop_time.add(submitted - started + time.perf_counter() - returned)
-            self.loop_cpu_time.add(submitted_cpu - started_cpu + time.thread_time() - returned_cpu)
+            self.loop_time.add(launched - started + time.perf_counter() - returned)
+            self.loop_cpu_time.add(launched_cpu - started_cpu + time.thread_time() - returned_cpu)
+
+    async def launch_steps(self, in_flight: collections.deque) -> None:
+        while len(in_flight) < MAX_IN_FLIGHT and self.can_step():
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return
+            if self.control is not None:
+                await self.control.send_multipart(encode(PlanMessage(plan=plan)))
+            in_flight.append((plan, self.executor.submit(plan), time.monotonic()))
 
     def deliver(self, outputs: list[SeqOutput], step_id: int) -> None:
         """One Outputs message per client for this step (runs per sequence: kept lean)."""

@@ -3,6 +3,7 @@ shard. A missing plan number means this rank's state has diverged: it reports an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import zmq
@@ -65,17 +66,31 @@ class Peer(RankProgram):
                 return
 
     async def run_plan(self, plan) -> None:
+        """Queue the plan on the executor without waiting for it: peers launch ahead as the
+        driver does; a failed step is reported from its completion callback."""
         if plan.step_id != self.next_step_id:
             reason = f"expected step plan {self.next_step_id}, got {plan.step_id}: a plan was lost"
             await self.report_failure(plan.step_id, reason)
             raise FatalError(ExitCode.PLAN_GAP, reason)
         self.next_step_id += 1
-        try:
-            await self.run_step(plan)
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            await self.report_failure(plan.step_id, reason)
-            raise FatalError(ExitCode.FAILED, f"step {plan.step_id} failed: {reason}") from exc
+        self.step_id = plan.step_id
+        loop = asyncio.get_running_loop()
+        future = self.executor.submit(plan)
+        future.add_done_callback(
+            lambda done: loop.call_soon_threadsafe(self.check_step, plan.step_id, done)
+        )
+
+    def check_step(self, step_id: int, done) -> None:
+        if done.cancelled() or done.exception() is None:
+            return
+        exc = done.exception()
+        reason = f"{type(exc).__name__}: {exc}"
+        message = PeerFailed(rank=self.rank, step_id=step_id, reason=reason)
+        try:  # queued at once (NOBLOCK): the rank is about to stop
+            self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self.fail(ExitCode.FAILED, f"step {step_id} failed: {reason}")
 
     async def report_failure(self, step_id: int, reason: str) -> None:
         message = PeerFailed(rank=self.rank, step_id=step_id, reason=reason)

@@ -169,15 +169,6 @@ class RankProgram:
             log.error("task %s crashed", task.get_coro(), exc_info=exc)
             self.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")
 
-    async def run_step(self, plan) -> Any:
-        """Hand a plan to the executor thread and await its result without blocking the loop."""
-        self.step_id = plan.step_id
-        self.step_started_at = time.monotonic()
-        try:
-            return await asyncio.wrap_future(self.executor.submit(plan))
-        finally:
-            self.step_started_at = None
-
     # -- heartbeat ----------------------------------------------------------------------------
 
     def queue_depths(self) -> tuple[int, int, int, int]:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from aioworker.layers.attention.torch_backend import TorchAttentionBackend
 
-__all__ = ["TorchAttentionBackend", "select_backend"]
+__all__ = ["AttentionContext", "TorchAttentionBackend", "select_cuda_backend"]
 
 
-def select_backend(name: str, device_type: str, block_size: int, sliding_window: int | None):
-    """Return the backend named in config; `auto` picks xformers on CUDA when it imports."""
-    if name in ("auto", "torch") and (name == "torch" or device_type != "cuda"):
-        return TorchAttentionBackend(block_size, sliding_window)
+def select_cuda_backend(name: str, block_size: int):
+    """`auto` and `triton`: our Triton paged decode; `xformers`: xformers' paged decode kernel.
+    Both prefill through FlashAttention-2's varlen kernel."""
+    if name in ("auto", "triton"):
+        from aioworker.layers.attention.cuda_backend import CudaAttentionBackend
+
+        return CudaAttentionBackend(block_size)
+    if name == "xformers":
+        from aioworker.layers.attention.xformers_backend import XformersAttentionBackend
+
+        return XformersAttentionBackend(block_size)
     raise ValueError(
-        f"attention backend {name!r} is not available on {device_type}; use 'torch' or 'auto'"
+        f"attention backend {name!r} does not run on CUDA; use auto, triton or xformers"
     )
 
 

@@ -1,0 +1,170 @@
+"""GPU workloads (issue 4), each beside the hardware's limits measured in the same run, and
+transformers `generate` on the same configuration with random weights of the same shapes.
+
+W1  nano-vllm's workload on the Qwen3-0.6B shape: 256 sequences, input and output lengths
+    uniform in [100, 1024], ignore_eos, temperature 0.6: output tokens/s.
+W4  batch-1 decode, 1024 in / 128 out, Llama-3.1-8B and Qwen3-0.6B shapes: ms per output
+    token beside the weight-read floor (weight bytes / measured copy bandwidth).
+W5  static batches, 1024 in / 128 out, Llama-3.1-8B shape: median decode step, memory
+    bandwidth utilisation, prefill tokens/s and its fraction of the measured matmul peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from aioworker.config import load_config
+from aioworker.model_config import ModelConfig
+from aioworker.sampling_params import SamplingParams
+
+MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
+LLAMA_8B, QWEN3_06B = MODELS / "llama-3.1-8b", MODELS / "qwen3-0.6b"
+W5_BATCHES = (1, 8, 32, 64, 128, 256)
+REFERENCE_BATCHES = (1, 64, 256)
+
+
+@dataclass(frozen=True)
+class Limits:
+    copy_bytes_per_s: float  # device-to-device copy, bytes read + written
+    matmul_flop_per_s: float  # bf16 8192^3
+
+
+def _time_cuda(fn, repeats: int) -> float:
+    """Median seconds of `fn` timed with CUDA events, after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return statistics.median(times)
+
+
+def measure_limits() -> Limits:
+    return Limits(_copy_bytes_per_s(), _matmul_flop_per_s())
+
+
+def _copy_bytes_per_s() -> float:
+    source = torch.randn(1 << 29, device="cuda", dtype=torch.float32)  # 2 GiB
+    target = torch.empty_like(source)
+    return 2 * source.numel() * 4 / _time_cuda(lambda: target.copy_(source), 20)
+
+
+def _matmul_flop_per_s() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192**3 / _time_cuda(lambda: a @ b, 20)
+
+
+def weight_bytes_per_step(cfg: ModelConfig, element_size: int = 2) -> int:
+    """Bytes of weights one forward reads (the embedding table only where it is the LM head)."""
+    q, kv, h = cfg.q_size, cfg.kv_size, cfg.hidden_size
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size + 2 * h
+    return element_size * (cfg.num_hidden_layers * per_layer + h + cfg.vocab_size * h)
+
+
+def matmul_flops_per_token(cfg: ModelConfig) -> int:
+    return 2 * (weight_bytes_per_step(cfg, 1) - cfg.hidden_size * (2 * cfg.num_hidden_layers + 1))
+
+
+def kv_bytes_per_token(cfg: ModelConfig, element_size: int = 2) -> int:
+    return 2 * cfg.num_hidden_layers * cfg.kv_size * element_size
+
+
+def make_engine(model_dir: Path, max_model_len: int, **overrides):
+    from aioworker.engine import LLMEngine
+
+    settings = {
+        "model.path": str(model_dir),
+        "model.load_format": "dummy",
+        "model.dtype": "bfloat16",
+        "model.max_model_len": max_model_len,
+        "device.kind": "cuda",
+        "scheduler.max_num_seqs": 256,
+        "scheduler.max_num_batched_tokens": 16384,
+        **overrides,
+    }
+    return LLMEngine.from_config(load_config(overrides=settings), progress=False)
+
+
+def free(engine) -> None:
+    engine.close()
+    for layer in engine.executor.runner.model.attention_layers():
+        layer.k_cache = layer.v_cache = torch.empty(0)
+    engine.executor.runner = None
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def random_prompt(length: int, vocab: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+def _timed_generate(engine, prompts, num_tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    engine.generate(prompts, params)
+    return time.perf_counter() - started
+
+
+def w4_ms_per_token(engine, vocab: int) -> float:
+    prompt = random_prompt(1024, min(vocab, 10000), random.Random(4))
+    _timed_generate(engine, [prompt], 4)
+    first = min(_timed_generate(engine, [prompt], 1) for _ in range(3))
+    total = _timed_generate(engine, [prompt], 128)
+    return (total - first) / 127 * 1000
+
+
+@dataclass
+class StaticBatch:
+    batch: int
+    decode_step_ms: float
+    prefill_tokens_per_s: float
+    context_tokens: float  # mean context per sequence over the decode steps
+
+
+def w5_static_batch(engine, batch: int, vocab: int) -> StaticBatch:
+    rng = random.Random(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(random_prompt(1024, min(vocab, 10000), rng), params)
+    prefill_s, decode_steps = 0.0, []
+    while engine.has_unfinished:
+        is_prefill = any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.seqs.values())
+        started = time.perf_counter()
+        engine.step()
+        elapsed = time.perf_counter() - started
+        if is_prefill:
+            prefill_s += elapsed
+        else:
+            decode_steps.append(elapsed)
+    return StaticBatch(
+        batch, statistics.median(decode_steps) * 1000, batch * 1024 / prefill_s, 1024 + 64
+    )
+
+
+def w1_tokens_per_s(engine) -> tuple[float, int]:
+    rng = random.Random(0)
+    num_seqs = 256
+    prompts = [random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(num_seqs)]
+    params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(100, 1024))
+        for _ in range(num_seqs)
+    ]
+    engine.generate(prompts[:4], SamplingParams(max_tokens=8))  # warm-up
+    started = time.perf_counter()
+    engine.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    total = sum(p.max_tokens for p in params)
+    return total / seconds, total

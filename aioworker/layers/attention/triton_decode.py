@@ -1,0 +1,215 @@
+"""Paged decode attention in Triton: one query token per sequence against its cached context.
+
+Each program takes one (sequence, KV head, split of the context) and all the query heads that
+share that KV head, so every K/V byte is read once per group (GQA). Keys are visited in tiles of
+TILE_N tokens gathered from the block table; an online softmax keeps the running max and sum.
+With several splits, a second small kernel merges the partial results by their log-sum-exp.
+
+Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], any block size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_partial(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    scale,
+    stride_q_seq,
+    stride_q_head,
+    stride_k_block,
+    stride_k_slot,
+    stride_k_head,
+    stride_bt_seq,
+    stride_o_seq,
+    stride_o_head,
+    stride_o_split,
+    stride_l_seq,
+    stride_l_head,
+    num_splits,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    num_tiles = tl.cdiv(context_len, TILE_N)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
+    tile_start = split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, TILE_N)
+    heads = kv_head * GROUP + offs_g
+    q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=(offs_g < GROUP)[:, None], other=0.0)  # [G, D]
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max
+    total = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp(score - m)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    table = block_tables_ptr + seq * stride_bt_seq
+    for tile in range(tile_start, tile_end):
+        pos = tile * TILE_N + offs_n
+        valid = pos < context_len
+        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0)
+        row = block.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_slot
+        kv_offs = row[:, None] + kv_head * stride_k_head + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)  # [N, D]
+        v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [G, N]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+
+    out = acc / total[:, None]
+    if DIRECT:  # one split: this is the final output, in the query's dtype
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_g < GROUP)[:, None])
+    else:
+        o_ptrs = (
+            out_ptr
+            + seq * stride_o_seq
+            + heads[:, None] * stride_o_head
+            + split * stride_o_split
+            + offs_d[None, :]
+        )
+        tl.store(o_ptrs, out, mask=(offs_g < GROUP)[:, None])
+        lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
+        tl.store(
+            lse_ptr + seq * stride_l_seq + heads * stride_l_head + split, lse, mask=offs_g < GROUP
+        )
+
+
+@triton.jit
+def _merge_splits(
+    partial_ptr,
+    lse_ptr,
+    out_ptr,
+    stride_p_seq,
+    stride_p_head,
+    stride_p_split,
+    stride_l_seq,
+    stride_l_head,
+    stride_o_seq,
+    stride_o_head,
+    num_splits,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_range = offs_s < num_splits
+    lse = tl.load(
+        lse_ptr + seq * stride_l_seq + head * stride_l_head + offs_s,
+        mask=in_range,
+        other=float("-inf"),
+    )
+    weights = tl.exp(lse - tl.max(lse, axis=0))
+    weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
+    p_ptrs = (
+        partial_ptr
+        + seq * stride_p_seq
+        + head * stride_p_head
+        + offs_s[:, None] * stride_p_split
+        + offs_d[None, :]
+    )
+    partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+    )
+
+
+TILE_N = 64
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """Enough programs to fill the GPU twice over, and no split shorter than two tiles."""
+    programs = num_seqs * num_kv_heads
+    wanted = -(-2 * num_sms // programs)
+    return max(1, min(wanted, max_context // (2 * TILE_N), 64))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """q: [B, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
+    int32; context_lens: [B] int32 (>= 1). Returns [B, Hq, D]. Launches only: safe to capture
+    in a CUDA graph when `out` and `workspace` are static."""
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q) if out is None else out
+    direct = num_splits == 1
+    if direct:
+        partial, lse = out, context_lens  # unused placeholders with the right device
+        p_strides, l_strides = (out.stride(0), out.stride(1), 0), (0, 0)
+    else:
+        if workspace is None:
+            partial = torch.empty(
+                batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+            )
+            lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        else:
+            partial, lse = workspace[0][:batch], workspace[1][:batch]
+        p_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
+        l_strides = (lse.stride(0), lse.stride(1))
+    _decode_partial[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        *p_strides, *l_strides,
+        num_splits,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        TILE_N=TILE_N,
+        DIRECT=direct,
+        # float32 caches (tests, CPU-exact runs) keep full precision; tf32 would cost 1e-3.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    if not direct:
+        _merge_splits[(batch, num_heads)](
+            partial, lse, out,
+            partial.stride(0), partial.stride(1), partial.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            num_splits,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+            HEAD_DIM=head_dim,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,83 @@
+"""Where a decode step's time goes on the GPU: wall time per step, kernels launched per step and
+their GPU time, the top kernels, and the host-side split (scheduler vs executor).
+
+    python tools/profile_step.py [--model qwen3-0.6b|llama-3.1-8b] [--batch 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from aioworker.bench.gpu import MODELS, make_engine, random_prompt
+from aioworker.sampling_params import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="qwen3-0.6b")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    engine = make_engine(MODELS / args.model, 4096)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    for _ in range(args.batch):
+        engine.add_request(random_prompt(1024, 10000, rng), params)
+    for _ in range(5):  # prefill and warm-up decodes
+        engine.step()
+    schedule_s = execute_s = update_s = 0.0
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        plan = engine.scheduler.schedule()
+        t1 = time.perf_counter()
+        result = engine.executor.submit(plan).result()
+        t2 = time.perf_counter()
+        engine.scheduler.update(plan, result)
+        t3 = time.perf_counter()
+        schedule_s, execute_s, update_s = (
+            schedule_s + t1 - t0,
+            execute_s + t2 - t1,
+            update_s + t3 - t2,
+        )
+    wall = (time.perf_counter() - started) / args.steps
+    n = args.steps
+    print(
+        f"{args.model} batch {args.batch}: {wall * 1e3:.3f} ms/step; schedule {schedule_s / n * 1e3:.3f} ms, executor {execute_s / n * 1e3:.3f} ms, update {update_s / n * 1e3:.3f} ms"
+    )
+
+    def steps() -> None:
+        for _ in range(args.steps):
+            plan = engine.scheduler.schedule()
+            engine.scheduler.update(plan, engine.executor.submit(plan).result())
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.executor.call(lambda: None).result()
+        steps()
+        torch.cuda.synchronize()
+    events = [
+        e
+        for e in prof.key_averages()
+        if e.device_type.name == "CUDA" or getattr(e, "device_time_total", 0) > 0
+    ]
+    kernels = sum(
+        e.count
+        for e in prof.key_averages()
+        if getattr(e, "device_time_total", 0) > 0 and e.cpu_time_total == 0
+    )
+    total_gpu_us = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages())
+    print(
+        f"GPU time per step {total_gpu_us / n / 1e3:.3f} ms; kernels per step (approx) {kernels / n:.0f}"
+    )
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15))
+    del events
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
