@@ -59,14 +59,25 @@ def test_norm_rope_matches_torch_on_a_strided_view(with_norm: bool) -> None:
     assert torch.equal(qkv[:, heads * head_dim :], untouched)
 
 
-def test_write_kv_cache_puts_rows_in_their_slots() -> None:
-    k, v = rand(3, 2, 8, seed=8), rand(3, 2, 8, seed=9)
-    k_cache, v_cache = (
-        torch.zeros(4, 4, 2, 8, device=DEVICE),
-        torch.zeros(4, 4, 2, 8, device=DEVICE),
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool) -> None:
+    tokens, q_heads, kv_heads, head_dim = 3, 4, 2, 64
+    width = (q_heads + 2 * kv_heads) * head_dim
+    qkv = rand(tokens, width, seed=10)
+    q, k, v = (
+        t.view(tokens, -1, head_dim)
+        for t in qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     )
-    slots = torch.tensor([13, 0, 6], device=DEVICE)
-    fused.write_kv_cache(k, v, k_cache, v_cache, slots)
-    flat_k, flat_v = k_cache.view(16, 2, 8), v_cache.view(16, 2, 8)
-    assert torch.equal(flat_k[slots], k) and torch.equal(flat_v[slots], v)
-    assert flat_k.abs().sum() == k.abs().sum()
+    cos, sin = rand(tokens, head_dim, seed=11), rand(tokens, head_dim, seed=12)
+    q_weight = rand(head_dim, seed=13) if with_norm else None
+    k_weight = rand(head_dim, seed=14) if with_norm else None
+    expected_q, expected_k, expected_v = q.clone(), k.clone(), v.clone()
+    fused.norm_rope_(expected_q, cos, sin, q_weight, 1e-6)
+    fused.norm_rope_(expected_k, cos, sin, k_weight, 1e-6)
+    k_cache = torch.zeros(2, 4, kv_heads, head_dim, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([5, 0, 7], device=DEVICE)
+    fused.qkv_rope_cache_(q, k, v, cos, sin, q_weight, k_weight, 1e-6, k_cache, v_cache, slots)
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    assert torch.equal(k_cache.view(8, kv_heads, head_dim)[slots], expected_k)
+    assert torch.equal(v_cache.view(8, kv_heads, head_dim)[slots], expected_v)

@@ -72,9 +72,17 @@ def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+# bf16 logits carry about 3 significant digits: where the reference's two best tokens are this
+# close, either choice is right and the implementations may differ.
+NEAR_TIE = 1e-2
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_bf16_parity_with_transformers(arch: str, tmp_path) -> None:
-    build_tiny_model(arch, tmp_path, logit_scale=6.0)
+    """Greedy tokens equal transformers' for 32 steps; where the reference itself had a near-tie,
+    the check continues with the reference's tokens as context (teacher forcing), so every one
+    of the 32 positions is compared. Prefill logits within 2e-2."""
+    build_tiny_model(arch, tmp_path)
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).cuda().eval()
@@ -84,11 +92,27 @@ def test_bf16_parity_with_transformers(arch: str, tmp_path) -> None:
         batch = prompts(reference.config.vocab_size)
         ours = eng.generate(batch, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
         for prompt, completion in zip(batch, ours, strict=True):
-            assert completion.token_ids == hf_greedy(reference, prompt, 32)
+            expected = hf_greedy(reference, prompt, 32)
+            full = prompt + expected
+            with torch.no_grad():
+                ref_logits = reference(torch.tensor([full], device="cuda")).logits[0].float()
+            ref_logits = ref_logits[len(prompt) - 1 : -1]
+            our_choice = prefill_logits(eng, full)[len(prompt) - 1 : -1].argmax(-1).tolist()
+            top2 = ref_logits.topk(2).values
+            near_tie = ((top2[:, 0] - top2[:, 1]) <= NEAR_TIE * top2[:, 0].abs()).tolist()
+            assert all(
+                a == b or tie for a, b, tie in zip(our_choice, expected, near_tie, strict=True)
+            )
+            first_tie = near_tie.index(True) if True in near_tie else len(expected)
+            assert (
+                completion.token_ids[: first_tie + 1] == expected[: first_tie + 1]
+                or near_tie[first_tie]
+            )
+            assert completion.token_ids[:first_tie] == expected[:first_tie]
         with torch.no_grad():
-            expected = reference(torch.tensor([batch[-1]], device="cuda")).logits[0].float()
+            expected_logits = reference(torch.tensor([batch[-1]], device="cuda")).logits[0].float()
         got = prefill_logits(eng, batch[-1])
-        assert ((got - expected).norm() / expected.norm()).item() <= 2e-2
+        assert ((got - expected_logits).norm() / expected_logits.norm()).item() <= 2e-2
     finally:
         eng.close()
 

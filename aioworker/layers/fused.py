@@ -77,21 +77,18 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _norm_rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, weight_ptr,
-    stride_token, stride_head, stride_cos, eps,
+def _norm_rope_head(
+    base, cos_ptr, sin_ptr, weight_ptr, token, stride_cos, eps,
     HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    token = tl.program_id(0)
-    head = tl.program_id(1)
+    """One head of one token: optional RMSNorm (Qwen3), then rotary; returns the new values."""
     half = HEAD_DIM // 2
     offs = tl.arange(0, HEAD_DIM)
     partner_offs = (offs + half) % HEAD_DIM  # rotate_half pairs element i with i +- D/2
-    base = x_ptr + token * stride_token + head * stride_head
     x = tl.load(base + offs)
     partner = tl.load(base + partner_offs)
     dtype = x.dtype
-    if HAS_NORM:  # per-head RMSNorm before rotary (Qwen3); the same scale for both halves
+    if HAS_NORM:  # the same scale for both halves
         x32 = x.to(tl.float32)
         inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=0) / HEAD_DIM + eps)
         w = tl.load(weight_ptr + offs).to(tl.float32)
@@ -105,7 +102,21 @@ def _norm_rope_kernel(
     sin = tl.load(sin_ptr + token * stride_cos + offs).to(dtype).to(tl.float32)
     a = (x.to(tl.float32) * cos).to(dtype).to(tl.float32)
     b = (rotated * sin).to(dtype).to(tl.float32)
-    tl.store(base + offs, (a + b).to(dtype))
+    return (a + b).to(dtype)
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, weight_ptr,
+    stride_token, stride_head, stride_cos, eps,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    base = x_ptr + token * stride_token + tl.program_id(1) * stride_head
+    out = _norm_rope_head(
+        base, cos_ptr, sin_ptr, weight_ptr, token, stride_cos, eps, HEAD_DIM, HAS_NORM
+    )
+    tl.store(base + tl.arange(0, HEAD_DIM), out)
 
 
 def norm_rope_(
@@ -123,27 +134,48 @@ def norm_rope_(
 
 
 @triton.jit
-def _cache_write_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-    stride_k, stride_v, stride_slot, row_size,
-    BLOCK: tl.constexpr,
+def _qkv_rope_cache_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_q, stride_k, stride_v, stride_cos, stride_slot, eps, num_q_heads,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
+    """Programs (token, h): h < num_q_heads rotates a query head in place; the others rotate a
+    key head in place and write it, with its value head, into the token's cache slot."""
     token = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < row_size
-    slot = tl.load(slot_ptr + token).to(tl.int64)
-    k = tl.load(k_ptr + token * stride_k + cols, mask=mask)
-    v = tl.load(v_ptr + token * stride_v + cols, mask=mask)
-    tl.store(k_cache_ptr + slot * stride_slot + cols, k, mask=mask)
-    tl.store(v_cache_ptr + slot * stride_slot + cols, v, mask=mask)
+    head = tl.program_id(1)
+    offs = tl.arange(0, HEAD_DIM)
+    if head < num_q_heads:
+        base = q_ptr + token * stride_q + head * HEAD_DIM
+        out = _norm_rope_head(
+            base, cos_ptr, sin_ptr, q_weight_ptr, token, stride_cos, eps, HEAD_DIM, HAS_NORM
+        )
+        tl.store(base + offs, out)
+    else:
+        kv_head = head - num_q_heads
+        base = k_ptr + token * stride_k + kv_head * HEAD_DIM
+        out = _norm_rope_head(
+            base, cos_ptr, sin_ptr, k_weight_ptr, token, stride_cos, eps, HEAD_DIM, HAS_NORM
+        )
+        tl.store(base + offs, out)
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        cache_offs = slot * stride_slot + kv_head * HEAD_DIM + offs
+        tl.store(k_cache_ptr + cache_offs, out)
+        v = tl.load(v_ptr + token * stride_v + kv_head * HEAD_DIM + offs)
+        tl.store(v_cache_ptr + cache_offs, v)
 
 
-def write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """k, v: [T, Hkv, D] (rows may be strided views); caches: [blocks, block_size, Hkv, D]."""
-    num_tokens = k.shape[0]
-    row_size = k.shape[1] * k.shape[2]
-    block = min(1024, triton.next_power_of_2(row_size))
-    _cache_write_kernel[(num_tokens, triton.cdiv(row_size, block))](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), v.stride(0), row_size, row_size, BLOCK=block,
+def qkv_rope_cache_(
+    q, k, v, cos, sin, q_weight, k_weight, eps, k_cache, v_cache, slot_mapping
+) -> None:
+    """Norm (optional) and rotary on q and k in place, and k, v into the cache, in one launch.
+    q: [T, Hq, D], k, v: [T, Hkv, D] (strided views of the qkv output); caches contiguous."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    has_norm = q_weight is not None
+    _qkv_rope_cache_kernel[(num_tokens, num_q_heads + num_kv_heads)](
+        q, k, v, cos, sin, q_weight if has_norm else cos, k_weight if has_norm else cos,
+        k_cache, v_cache, slot_mapping,
+        q.stride(0), k.stride(0), v.stride(0), cos.stride(0), num_kv_heads * head_dim, eps, num_q_heads,
+        HEAD_DIM=head_dim, HAS_NORM=has_norm,
     )  # fmt: skip

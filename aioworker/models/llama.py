@@ -12,7 +12,7 @@ from torch import nn
 from aioworker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
 from aioworker.layers.norm import RMSNorm
-from aioworker.layers.ops import add_rms_norm, norm_rope, silu_and_mul
+from aioworker.layers.ops import add_rms_norm, silu_and_mul
 from aioworker.layers.rotary import RotaryEmbedding
 from aioworker.model_config import ModelConfig
 from aioworker.parallel import TensorParallel
@@ -51,7 +51,9 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = norm_rope(q, k, rope, self.q_norm, self.k_norm)
+        q, k = attn.backend.prepare_qkv(
+            q, k, v, rope, self.q_norm, self.k_norm, self.k_cache, self.v_cache, attn.metadata
+        )
         out = attn.backend.forward(q, k, v, self.k_cache, self.v_cache, attn.metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, q_size))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from aioworker.layers.attention.triton_decode import paged_decode
-from aioworker.layers.fused import write_kv_cache
+from aioworker.layers.fused import qkv_rope_cache_
 
 try:
     from torch.nn.attention.varlen import varlen_attn
@@ -59,6 +59,17 @@ class CudaAttentionBackend:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
 
+    def prepare_qkv(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta):
+        """Norm, rotary and the cache write in one kernel launch; returns q, k (rotated in place)."""
+        cos, sin = rope
+        q_weight = None if q_norm is None else q_norm.weight
+        k_weight = None if k_norm is None else k_norm.weight
+        eps = q_norm.eps if q_norm is not None else 0.0
+        qkv_rope_cache_(
+            q, k, v, cos, sin, q_weight, k_weight, eps, k_cache, v_cache, meta.slot_mapping
+        )
+        return q, k
+
     def forward(
         self,
         q: torch.Tensor,
@@ -70,7 +81,6 @@ class CudaAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         decode, prefill = meta.decode, meta.prefill
         if prefill is None:
             return self.decode(q, k_cache, v_cache, decode, scale)

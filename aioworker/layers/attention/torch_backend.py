@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from aioworker.layers.attention.slots import SeqSlots, slot_mapping
+from aioworker.layers.ops import norm_rope
 
 
 @dataclass
@@ -90,6 +91,14 @@ class TorchAttentionBackend:
             visible &= key_pos > query_pos - self.sliding_window
         return visible
 
+    def prepare_qkv(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta):
+        """Per-head norm and rotary on q and k, and k, v into the cache; returns q, k."""
+        q, k = norm_rope(q, k, rope, q_norm, k_norm)
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        return q, k
+
     def forward(
         self,
         q: torch.Tensor,
@@ -104,8 +113,6 @@ class TorchAttentionBackend:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_flat = k_cache.view(-1, num_kv_heads, head_dim)
         v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k)
-        v_flat.index_copy_(0, meta.slot_mapping, v)
         if meta.decode_is_whole_batch:
             return self._decode(q, k_cache, v_cache, meta, scale)
         out = torch.empty_like(q)
