@@ -104,10 +104,6 @@ def test_bf16_parity_with_transformers(arch: str, tmp_path) -> None:
                 a == b or tie for a, b, tie in zip(our_choice, expected, near_tie, strict=True)
             )
             first_tie = near_tie.index(True) if True in near_tie else len(expected)
-            assert (
-                completion.token_ids[: first_tie + 1] == expected[: first_tie + 1]
-                or near_tie[first_tie]
-            )
             assert completion.token_ids[:first_tie] == expected[:first_tie]
         with torch.no_grad():
             expected_logits = reference(torch.tensor([batch[-1]], device="cuda")).logits[0].float()
