@@ -78,6 +78,28 @@ class RuntimeOptions(_Section):
     # Send-queue bound per result socket; a client this far behind loses outputs (counted).
     result_hwm: int = 10000
     log_format: Literal["text", "json"] = "text"
+    # SIGTERM / `admin drain`: in-flight requests get this long before the rest are aborted.
+    drain_timeout_s: float = 60.0
+    # A step in flight with no progress for this long is a hung step: dump stacks, exit. 0 = off.
+    hung_step_timeout_s: float = 300.0
+    # Prometheus metrics over HTTP on this port (driver ranks; peers add their rank). 0 = off.
+    metrics_port: int = 0
+    # Record every task-channel frame and every output to this file (see `aioworker replay`).
+    record_path: str = ""
+
+
+class SecurityOptions(_Section):
+    """CURVE encryption and authentication for tcp endpoints (keys as written by
+    `aioworker keys`, the z85 text format of zmq.auth). Empty = no CURVE."""
+
+    # This deployment's server key pair: the secret file must not be readable by others.
+    server_secret_key_file: str = ""
+    server_public_key_file: str = ""
+    # Directory of *.key public key files of the clients allowed in.
+    authorized_clients_dir: str = ""
+    # What a client (aioworker generate/admin, the client library) presents.
+    client_secret_key_file: str = ""
+    client_public_key_file: str = ""
 
 
 class WorkerConfig(_Section):
@@ -87,6 +109,7 @@ class WorkerConfig(_Section):
     device: DeviceOptions = DeviceOptions()
     parallel: ParallelOptions = ParallelOptions()
     runtime: RuntimeOptions = RuntimeOptions()
+    security: SecurityOptions = SecurityOptions()
 
     def __post_init__(self) -> None:
         _check_positive("cache.block_size", self.cache.block_size)
