@@ -8,7 +8,8 @@ abort them. Torch-free.
 
 The client binds one PULL socket for results and connects a PUSH socket to each group's task
 endpoint. It sends each request to the group with the fewest of its requests in flight, so it
-always knows which group to send an abort to.
+always knows which group to send an abort to. With [security] keys (tcp), every one of these
+sockets uses CURVE: see security.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aioworker.protocol import (
     encode,
 )
 from aioworker.sampling_params import SamplingParams
+from aioworker.security import ClientSecurity, stop_authenticator
 from aioworker.transport import (
     all_group_endpoints,
     bound_endpoint,
@@ -68,11 +70,17 @@ class Completion:
 
 
 class Client:
-    def __init__(self, task_endpoints: list[str], reply_endpoint: str) -> None:
+    def __init__(
+        self,
+        task_endpoints: list[str],
+        reply_endpoint: str,
+        security: ClientSecurity | None = None,
+    ) -> None:
         if not task_endpoints:
             raise ValueError("a client needs at least one group's task endpoint")
         self.task_endpoints = task_endpoints
         self.reply_endpoint = reply_endpoint
+        self.security = security or ClientSecurity()
         self._queues: dict[str, asyncio.Queue[StreamOutput]] = {}
         self._owner: dict[str, int] = {}
         self._in_flight = [0] * len(task_endpoints)
@@ -86,16 +94,30 @@ class Client:
         groups = all_group_endpoints(
             config.runtime, config.parallel.tensor_parallel_size, config.parallel.data_parallel_size
         )
-        return cls([g.tasks for g in groups], client_reply_endpoint(config.runtime))
+        return cls(
+            [g.tasks for g in groups],
+            client_reply_endpoint(config.runtime),
+            ClientSecurity.from_config(config),
+        )
 
     async def start(self) -> None:
         if self._started:
             return
         self._context = zmq.asyncio.Context()
-        self._results = make_socket(self._context, zmq.PULL, bind=self.reply_endpoint)
+        # Before the result socket binds: only the driver's key may deliver results.
+        self._authenticator = self.security.start_authenticator(self._context)
+        self._results = make_socket(
+            self._context,
+            zmq.PULL,
+            bind=self.reply_endpoint,
+            options=self.security.result_options(self.reply_endpoint),
+        )
         self.reply_endpoint = bound_endpoint(self._results)
         self._pushes = [
-            make_socket(self._context, zmq.PUSH, connect=e) for e in self.task_endpoints
+            make_socket(
+                self._context, zmq.PUSH, connect=e, options=self.security.connect_options(e)
+            )
+            for e in self.task_endpoints
         ]
         self._reader = asyncio.ensure_future(self._read_results())
         self._started = True
@@ -107,6 +129,7 @@ class Client:
         await asyncio.gather(self._reader, return_exceptions=True)
         for sock in [self._results, *self._pushes]:
             sock.close(linger=0)
+        stop_authenticator(self._authenticator)
         self._context.term()
         self._started = False
 
@@ -186,6 +209,7 @@ class Client:
 
     async def _read_results(self) -> None:
         while True:
+            await asyncio.sleep(0)  # let the consumers run between results that arrive in bursts
             frames = await self._results.recv_multipart()
             try:
                 message = RESULT_DECODER.decode(frames)

@@ -11,6 +11,7 @@ import errno
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,13 +127,18 @@ def make_socket(
     bind: str | None = None,
     connect: str | list[str] | None = None,
     hwm: int | None = None,
+    options: Mapping[int, int | bytes] | None = None,
 ) -> zmq.asyncio.Socket:
+    """A socket that binds and/or connects; `options` (e.g. CURVE keys from security.py) are set
+    before either, as ZeroMQ requires."""
     sock = context.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if hwm is not None:
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
     try:
+        for option, value in (options or {}).items():
+            sock.setsockopt(option, value)
         if bind is not None:
             ensure_not_served(bind)
             try:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -43,7 +44,17 @@ def start_worker(rank: int, set_args: list[str], *extra: str) -> subprocess.Pope
         *set_args,
         *extra,
     ]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # The log goes to a file: a pipe nobody reads would fill up and block the worker.
+    log = tempfile.NamedTemporaryFile(prefix=f"aioworker-r{rank}-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+    process.log_path = log.name
+    log.close()
+    return process
+
+
+def read_log(process: subprocess.Popen) -> str:
+    with open(process.log_path) as handle:
+        return handle.read()
 
 
 def admin(
@@ -74,7 +85,7 @@ def wait_ready(
         for process in processes:
             if process.poll() is not None:
                 raise RuntimeError(
-                    f"worker exited with {process.returncode}: {process.stderr.read()[-2000:]}"
+                    f"worker exited with {process.returncode}: {read_log(process)[-2000:]}"
                 )
         for group in list(pending):
             reply = admin(config, "status", group=group, timeout=0.5)
@@ -108,9 +119,6 @@ def running(config: WorkerConfig, set_args: list[str], *extra: str, ranks: list[
         yield processes
     finally:
         stop(processes)
-        for process in processes:
-            if process.stderr:
-                process.stderr.close()
 
 
 def kill(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:

@@ -16,6 +16,7 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
 from aioworker.protocol import ADMIN_REPLY_DECODER, AdminReply, AdminRequest, ProtocolError, encode
 from aioworker.runtime.admin import DEFAULT_DRAIN_DEADLINE_S
+from aioworker.security import ClientSecurity
 from aioworker.transport import group_endpoints
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -135,12 +136,16 @@ def selected_groups(config: WorkerConfig, group: int | None) -> list[int]:
 
 
 def send(config: WorkerConfig, group: int, request: AdminRequest, timeout_s: float) -> GroupReply:
-    """One request to one group's driver over a DEALER socket, waiting up to timeout_s."""
+    """One request to one group's driver over a DEALER socket (a CURVE client when [security]
+    has keys), waiting up to timeout_s."""
     endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
+    security = ClientSecurity.from_config(config)
     context = zmq.Context()
     try:
         with context.socket(zmq.DEALER) as sock:
             sock.setsockopt(zmq.LINGER, 0)
+            for option, value in security.connect_options(endpoint).items():
+                sock.setsockopt(option, value)
             sock.connect(endpoint)
             sock.send_multipart(encode(request))
             if sock.poll(int(timeout_s * 1000)):
@@ -151,6 +156,11 @@ def send(config: WorkerConfig, group: int, request: AdminRequest, timeout_s: flo
         f"no reply from {endpoint} within {timeout_s:g}s; is the group's driver running "
         f"under runtime.name={config.runtime.name!r}?"
     )
+    if security.is_enabled:
+        message += (
+            " With CURVE on, check that security.server_public_key_file is the driver's and "
+            "that this client's .key file is in the driver's authorized_clients_dir."
+        )
     return GroupReply(group, AdminReply(ok=False, message=message), is_reachable=False)
 
 

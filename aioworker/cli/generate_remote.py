@@ -14,6 +14,7 @@ from aioworker.cli.generate_output import ResultPrinter
 from aioworker.client import Client
 from aioworker.config import WorkerConfig
 from aioworker.sampling_params import SamplingParams
+from aioworker.security import ClientSecurity
 from aioworker.tokenizer import Tokenizer
 from aioworker.transport import all_group_endpoints, client_reply_endpoint
 
@@ -22,7 +23,9 @@ def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams
     tokenizer = _tokenizer(config)
     try:
         token_prompts = [_encode(tokenizer, p, args.chat) for p in prompts]
-        client = Client(*_endpoints(args.connect, config))
+        client = Client(
+            *_endpoints(args.connect, config), security=ClientSecurity.from_config(config)
+        )
     except ValueError as exc:
         return fail(str(exc))
     printer = ResultPrinter(tokenizer, prompts, args.json)

@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "top": ("top", "live table of every rank, from their heartbeats"),
     "convert": ("convert", "convert a GGUF file into a Hugging Face model directory"),
     "bench": ("bench", "benchmark the engine beside a baseline measured in the same run"),
+    "keys": ("keys", "write CURVE key pairs (server and client) for a tcp deployment"),
+    "replay": ("replay", "run a recorded task channel again and compare the outputs"),
 }
 
 

@@ -44,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.rank < config.world_size:
         return fail(f"--rank {args.rank} is outside this deployment's {config.world_size} rank(s)")
     group, local_rank = divmod(args.rank, tp)
+    if local_rank == 0:
+        from aioworker.security import ServerSecurity
+
+        try:
+            ServerSecurity.from_config(config)  # key files: a bad one is a config error (exit 2)
+        except ConfigError as exc:
+            return fail(str(exc))
     setup_logging(config, f"{group}.{local_rank}", args.log_level)
 
     from aioworker.runtime.app import run_rank

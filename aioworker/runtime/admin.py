@@ -41,8 +41,8 @@ def status(driver: Driver) -> dict[str, Any]:
         "kv_blocks_total": total,
         "num_requests": len(driver.requests),
         "num_tokens_generated": driver.num_tokens_generated,
-        "num_rejected_frames": driver.num_rejected_frames,
-        "num_dropped_outputs": driver.results.num_dropped,
+        "num_rejected_frames": driver.rejected.total,
+        "num_dropped_outputs": driver.results.drops.total,
         "loop_us_per_step": round(driver.loop_time.mean * 1e6, 1),
         "loop_cpu_us_per_step": round(driver.loop_cpu_time.mean * 1e6, 1),
         "weights_version": driver.weights_version,
@@ -68,7 +68,7 @@ def resume(driver: Driver, _: str) -> AdminReply:
 
 def drain(driver: Driver, argument: str) -> AdminReply:
     try:
-        deadline = float(argument) if argument else DEFAULT_DRAIN_DEADLINE_S
+        deadline = float(argument) if argument else driver.config.runtime.drain_timeout_s
     except ValueError:
         return AdminReply(
             ok=False, message=f"drain deadline {argument!r} is not a number of seconds"

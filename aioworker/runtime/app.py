@@ -1,5 +1,5 @@
-"""Run one rank: pick the driver or peer program, install signal handlers, run it under uvloop,
-and return the exit code for the supervisor."""
+"""Run one rank: pick the driver or peer program, give it systemd's notify socket (if any),
+install signal handlers, run it under uvloop, and return the exit code for the supervisor."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import uvloop
 
 from aioworker.config import WorkerConfig
-from aioworker.runtime.admin import DEFAULT_DRAIN_DEADLINE_S
 from aioworker.runtime.driver import Driver
+from aioworker.runtime.notify import SystemdNotifier
 from aioworker.runtime.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -23,9 +23,18 @@ def run_rank(
     config: WorkerConfig, group: int, rank: int, build: Callable[[], tuple[Any, Any]]
 ) -> int:
     program_class = Driver if rank == 0 else Peer
-    program = program_class(config, group, rank, build)
+    program = program_class(config, group, rank, build, systemd_notifier())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_main(program))
+
+
+def systemd_notifier() -> SystemdNotifier:
+    notifier = SystemdNotifier()
+    if notifier.is_enabled:
+        interval = notifier.watchdog_interval_s
+        watchdog = f"watchdog timeout {interval:g}s" if interval else "no watchdog"
+        log.info("notifying systemd (%s)", watchdog)
+    return notifier
 
 
 async def _main(program) -> int:
@@ -38,7 +47,7 @@ async def _main(program) -> int:
 def _on_stop_signal(program, sig: signal.Signals) -> None:
     log.info("received %s", sig.name)
     if isinstance(program, Driver) and program.scheduler is not None and not program.state.is_final:
-        program.start_drain(DEFAULT_DRAIN_DEADLINE_S)
+        program.start_drain(program.config.runtime.drain_timeout_s)
     elif not isinstance(program, Driver) and program.state.name == "READY":
         # A peer keeps serving: it stops when its driver publishes Shutdown after draining.
         return

@@ -33,12 +33,17 @@ from aioworker.protocol import (
 )
 from aioworker.requests import RequestValidator
 from aioworker.runtime import admin
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.metrics import WorkerMetrics
 from aioworker.runtime.program import FatalError, RankProgram
+from aioworker.runtime.recorder import Recorder
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
 from aioworker.runtime.state import ExitCode, RankState
 from aioworker.sampling_params import InvalidRequestError
 from aioworker.scheduler import Scheduler, SeqOutput
+from aioworker.security import ServerSecurity, recv_with_client_key, stop_authenticator
 from aioworker.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,8 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_ID_LENGTH = 256
 # Steps launched ahead: one running, one queued behind it on the device.
 MAX_IN_FLIGHT = 2
+# Frames taken from a socket before other coroutines get a turn.
+YIELD_EVERY = 32
 # How long the driver waits for every peer to load and subscribe.
 PEER_STARTUP_TIMEOUT_S = 1800.0
 
@@ -72,6 +79,10 @@ class RecentMean:
 class _Request:
     seq: Sequence
     reply_to: str
+    arrival: float  # time.monotonic() at admission
+    first_token_at: float | None = None
+    # The z85 key the request was authenticated with (CURVE); its results go only to that key.
+    client_key: str | None = None
 
 
 class Driver(RankProgram):
@@ -80,17 +91,26 @@ class Driver(RankProgram):
     def bind_sockets(self) -> None:
         runtime = self.config.runtime
         self.tp_size = self.config.parallel.tensor_parallel_size
-        self.tasks = self.socket(zmq.PULL, bind=self.endpoints.tasks)
-        self.admin_socket = self.socket(zmq.ROUTER, bind=self.endpoints.admin)
-        self.results = ResultSender(runtime.result_hwm)
+        self.security = ServerSecurity.from_config(self.config)
+        # Before the CURVE sockets bind: without a ZAP handler libzmq admits any key.
+        self.authenticator = self.security.start_authenticator(self.context)
+        tasks, admin_endpoint = self.endpoints.tasks, self.endpoints.admin
+        self.tasks = self.socket(zmq.PULL, bind=tasks, options=self.security.server_options(tasks))
+        self.admin_socket = self.socket(
+            zmq.ROUTER, bind=admin_endpoint, options=self.security.server_options(admin_endpoint)
+        )
+        self.results = ResultSender(runtime.result_hwm, self.security.result_options)
         self.requests: dict[str, _Request] = {}
         self.seq_ids = itertools.count()
-        self.num_rejected_frames = 0
+        self.rejected = DropCounter(log, "malformed frames")
         self.work = asyncio.Event()
         # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
         self.loop_time = RecentMean()
         self.loop_cpu_time = RecentMean()  # the same, in this thread's CPU time
         self.scheduler: Scheduler | None = None
+        self.metrics = None
+        self.recorder = Recorder(runtime.record_path) if runtime.record_path else None
+        self.results.recorder = self.recorder
         self.drain_timer: asyncio.TimerHandle | None = None
         self.control = self.acks = None
         if self.tp_size > 1:
@@ -101,7 +121,8 @@ class Driver(RankProgram):
             beats = watch_socket(self.context, [self.endpoints.heartbeats[r] for r in peers])
             self._sockets.append(beats)
             interval = runtime.heartbeat_interval_s
-            self.spawn(LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0).run())
+            self.liveness = LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0)
+            self.spawn(self.liveness.run())
         self.spawn(self.admin_loop())  # status answers while loading
 
     async def serve(self) -> None:
@@ -116,12 +137,16 @@ class Driver(RankProgram):
             spec.max_model_len,
         )
         self.validator = RequestValidator(spec.model_config.vocab_size, spec.max_model_len)
+        if self.config.runtime.metrics_port:
+            port = self.config.runtime.metrics_port + self.group
+            self.metrics = WorkerMetrics(self, port, self.config.runtime.host)
         self.state = RankState.READY
         log.info(
             "group %d ready: %d KV blocks of %d tokens", self.group, num_blocks, spec.block_size
         )
         self.spawn(self.task_loop())
         self.spawn(self.step_loop())
+        self.spawn(watch_for_hung_steps(self, self.config.runtime.hung_step_timeout_s))
         if self.tp_size > 1:
             self.spawn(self.ack_loop())
             self.spawn(self.control_inbound_loop())
@@ -143,6 +168,7 @@ class Driver(RankProgram):
                 message = await self.recv_ack()
                 if isinstance(message, PeerReady):
                     ready[message.rank] = message.num_blocks
+                    self.liveness.expect_beats_now(message.rank)
 
         await asyncio.wait_for(asyncio.gather(subscriptions(), acks()), PEER_STARTUP_TIMEOUT_S)
         return min(ready.values())
@@ -165,6 +191,7 @@ class Driver(RankProgram):
     async def control_inbound_loop(self) -> None:
         """XPUB delivers (un)subscriptions, and anything an XSUB sends upstream: count the rest."""
         while True:
+            await asyncio.sleep(0)  # a flood here must not starve the other coroutines
             frame = await self.control.recv()
             if frame[:1] not in (b"\x00", b"\x01"):
                 self.count_rejected(
@@ -174,32 +201,41 @@ class Driver(RankProgram):
     async def ack_loop(self) -> None:
         while True:
             await self.recv_ack()
+            await asyncio.sleep(0)
 
     # -- requests -----------------------------------------------------------------------------
 
     async def task_loop(self) -> None:
+        received = 0
         while True:
-            frames = await self.tasks.recv_multipart()
+            frames, client_key = await recv_with_client_key(self.tasks)
+            received += 1
+            if received % YIELD_EVERY == 0:
+                # Awaiting a socket with queued frames does not yield: without this, a burst
+                # would starve the step loop and the heartbeat (and peers would think us dead).
+                await asyncio.sleep(0)
+            if self.recorder is not None:
+                self.recorder.write("task", frames)
             try:
                 message = TASK_DECODER.decode(frames)
             except ProtocolError as exc:
-                self.reject_frame(frames, exc)
+                self.reject_frame(frames, exc, client_key)
                 continue
             if isinstance(message, SubmitRequest):
-                self.on_submit(message)
+                self.on_submit(message, client_key)
             elif isinstance(message, AbortRequest):
                 self.abort(message.request_id, "aborted by the client")
 
-    def on_submit(self, message: SubmitRequest) -> None:
+    def on_submit(self, message: SubmitRequest, client_key: str | None = None) -> None:
         request_id, reply_to = message.request_id, message.reply_to
         try:
-            self.results.check_endpoint(reply_to)
+            self.results.check_endpoint(reply_to, client_key)
         except InvalidReplyEndpoint as exc:
             self.count_rejected("tasks", exc)
             return
         error = self.admission_error(message)
         if error is not None:
-            self.send_terminal(reply_to, request_id, "error", error)
+            self.send_terminal(reply_to, request_id, "error", error, client_key)
             return
         seq = Sequence(
             next(self.seq_ids),
@@ -209,7 +245,9 @@ class Driver(RankProgram):
             self.spec.model_config.eos_token_ids,
         )
         self.scheduler.add(seq)
-        self.requests[request_id] = _Request(seq, reply_to)
+        self.requests[request_id] = _Request(seq, reply_to, time.monotonic(), client_key=client_key)
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(message.prompt_token_ids))
         self.work.set()
 
     def admission_error(self, message: SubmitRequest) -> str | None:
@@ -225,7 +263,9 @@ class Driver(RankProgram):
             return str(exc)
         return None
 
-    def reject_frame(self, frames: list[bytes], exc: ProtocolError) -> None:
+    def reject_frame(
+        self, frames: list[bytes], exc: ProtocolError, client_key: str | None = None
+    ) -> None:
         """A frame that failed to decode: answer its reply_to if one can be read, else count it."""
         self.count_rejected("tasks", exc)
         try:
@@ -235,28 +275,23 @@ class Driver(RankProgram):
             return
         if isinstance(reply_to, str) and isinstance(request_id, str):
             try:
-                self.results.check_endpoint(reply_to)
+                self.results.check_endpoint(reply_to, client_key)
             except InvalidReplyEndpoint:
                 return
-            self.send_terminal(reply_to, request_id, "error", f"rejected: {exc}")
+            self.send_terminal(reply_to, request_id, "error", f"rejected: {exc}", client_key)
         elif isinstance(reply_to, str):
-            self.results.send(reply_to, Rejected(reason=str(exc)))
+            self.results.send(reply_to, Rejected(reason=str(exc)), client_key)
 
     def count_rejected(self, channel: str, exc: Exception) -> None:
-        self.num_rejected_frames += 1
-        log.warning(
-            "dropped a frame on the %s channel (%d so far): %s",
-            channel,
-            self.num_rejected_frames,
-            exc,
-        )
+        self.rejected.count(f"{channel} channel: {exc}")
 
     def abort(self, request_id: str, reason: str) -> bool:
-        request = self.requests.pop(request_id, None)
+        request = self.requests.get(request_id)
         if request is None:
             return False
+        self.on_finished(request_id, "abort")
         self.scheduler.abort(request.seq.seq_id)
-        self.send_terminal(request.reply_to, request_id, "abort", reason)
+        self.send_terminal(request.reply_to, request_id, "abort", reason, request.client_key)
         self.maybe_finish_drain()
         return True
 
@@ -268,12 +303,20 @@ class Driver(RankProgram):
 
     def fail_all(self, reason: str) -> None:
         for request_id, request in list(self.requests.items()):
-            self.send_terminal(request.reply_to, request_id, "error", reason)
+            self.send_terminal(request.reply_to, request_id, "error", reason, request.client_key)
         self.requests.clear()
 
-    def send_terminal(self, reply_to: str, request_id: str, reason: str, message: str) -> None:
+    def send_terminal(
+        self,
+        reply_to: str,
+        request_id: str,
+        reason: str,
+        message: str,
+        client_key: str | None = None,
+    ) -> None:
         delta = TokenDelta(request_id, [], reason, message, self.weights_version)
-        self.results.send(reply_to, Outputs(group=self.group, step_id=self.step_id, deltas=[delta]))
+        outputs = Outputs(group=self.group, step_id=self.step_id, deltas=[delta])
+        self.results.send(reply_to, outputs, client_key)
 
     # -- stepping -----------------------------------------------------------------------------
 
@@ -319,23 +362,39 @@ class Driver(RankProgram):
 
     def deliver(self, outputs: list[SeqOutput], step_id: int) -> None:
         """One Outputs message per client for this step (runs per sequence: kept lean)."""
-        by_client: dict[str, list[TokenDelta]] = {}
+        by_client: dict[tuple[str, str | None], list[TokenDelta]] = {}
         find, version = self.requests.get, self.weights_version
         for request_id, token_id, reason in outputs:
             request = find(request_id)
             if request is None:
                 continue
             delta = TokenDelta(request_id, [token_id], reason, None, version)
-            deltas = by_client.get(request.reply_to)
+            client = (request.reply_to, request.client_key)
+            deltas = by_client.get(client)
             if deltas is None:
-                by_client[request.reply_to] = [delta]
+                by_client[client] = [delta]
             else:
                 deltas.append(delta)
+            if request.first_token_at is None:
+                self.on_first_token(request)
             if reason is not None:
-                del self.requests[request_id]
+                self.on_finished(request_id, reason)
         self.num_tokens_generated += len(outputs)
-        for reply_to, deltas in by_client.items():
-            self.results.send(reply_to, Outputs(group=self.group, step_id=step_id, deltas=deltas))
+        if self.metrics is not None:
+            self.metrics.on_step(len(outputs))
+        for (reply_to, client_key), deltas in by_client.items():
+            outputs = Outputs(group=self.group, step_id=step_id, deltas=deltas)
+            self.results.send(reply_to, outputs, client_key)
+
+    def on_first_token(self, request: _Request) -> None:
+        request.first_token_at = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.ttft.observe(request.first_token_at - request.arrival)
+
+    def on_finished(self, request_id: str, reason: str) -> None:
+        request = self.requests.pop(request_id)
+        if self.metrics is not None:
+            self.metrics.on_finished(request.arrival, reason)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -380,6 +439,9 @@ class Driver(RankProgram):
             except zmq.ZMQError:
                 pass
         self.results.close()
+        if self.recorder is not None:
+            self.recorder.close()
+        stop_authenticator(self.authenticator)  # before the context terminates
         await super().shutdown()
 
     def shutdown_message(self) -> Shutdown:
@@ -390,6 +452,7 @@ class Driver(RankProgram):
 
     async def admin_loop(self) -> None:
         while True:
+            await asyncio.sleep(0)
             frames = await self.admin_socket.recv_multipart()
             identity, body = frames[0], frames[1:]
             # A REQ client puts an empty delimiter before the body; echo it back.

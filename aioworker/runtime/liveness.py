@@ -43,6 +43,12 @@ class LivenessWatch:
         finally:
             receiver.cancel()
 
+    def expect_beats_now(self, rank: int) -> None:
+        """`rank` is known to be up (it said so on another socket): end its start-up grace, so a
+        rank lost before its first beat reached us is still noticed within 3 intervals."""
+        fresh = time.monotonic() + STALE_AFTER_INTERVALS * self.interval_s
+        self.deadlines[rank] = min(self.deadlines[rank], fresh) if rank in self.states else fresh
+
     def check(self, now: float) -> None:
         for rank, deadline in self.deadlines.items():
             if self.states.get(rank) == "FAILED":

@@ -4,7 +4,9 @@ shard. A missing plan number means this rank's state has diverged: it reports an
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import time
 
 import zmq
 
@@ -17,6 +19,8 @@ from aioworker.protocol import (
     Shutdown,
     encode,
 )
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.liveness import LivenessWatch, watch_socket
 from aioworker.runtime.program import FatalError, RankProgram
 from aioworker.runtime.state import ExitCode, RankState
@@ -32,29 +36,31 @@ class Peer(RankProgram):
         self.control.setsockopt(zmq.SUBSCRIBE, f"rank{self.rank}".encode())
         self.acks = self.socket(zmq.PUSH, connect=self.endpoints.acks)
         self.next_step_id = 0
-        self.num_rejected_frames = 0
+        self.in_flight: collections.deque[float] = collections.deque()  # submit times, in order
+        self.rejected = DropCounter(log, "malformed control frames")
         beats = watch_socket(self.context, [self.endpoints.heartbeats[0]])
         self._sockets.append(beats)
         interval = self.config.runtime.heartbeat_interval_s
-        self.spawn(LivenessWatch(beats, {0}, interval, first_beat_grace_s=60.0).run())
+        self.liveness = LivenessWatch(beats, {0}, interval, first_beat_grace_s=60.0)
+        self.spawn(self.liveness.run())
 
     async def serve(self) -> None:
+        self.spawn(watch_for_hung_steps(self, self.config.runtime.hung_step_timeout_s))
         await self.acks.send_multipart(
             encode(PeerReady(rank=self.rank, num_blocks=self.spec.num_blocks))
         )
         self.state = RankState.READY
+        self.liveness.expect_beats_now(0)  # the driver is up: our sockets reached it
         self.spawn(self.plan_loop())
 
     async def plan_loop(self) -> None:
         while True:
+            await asyncio.sleep(0)  # queued plans must not starve the heartbeat
             frames = await self.control.recv_multipart()
             try:
                 message = CONTROL_DECODER.decode(frames)
             except ProtocolError as exc:
-                self.num_rejected_frames += 1
-                log.warning(
-                    "dropped a control frame (%d so far): %s", self.num_rejected_frames, exc
-                )
+                self.rejected.count(str(exc))
                 continue
             if isinstance(message, PlanMessage):
                 await self.run_plan(message.plan)
@@ -74,6 +80,8 @@ class Peer(RankProgram):
             raise FatalError(ExitCode.PLAN_GAP, reason)
         self.next_step_id += 1
         self.step_id = plan.step_id
+        self.in_flight.append(time.monotonic())
+        self.step_started_at = self.in_flight[0]
         loop = asyncio.get_running_loop()
         future = self.executor.submit(plan)
         future.add_done_callback(
@@ -81,6 +89,8 @@ class Peer(RankProgram):
         )
 
     def check_step(self, step_id: int, done) -> None:
+        self.in_flight.popleft()
+        self.step_started_at = self.in_flight[0] if self.in_flight else None
         if done.cancelled() or done.exception() is None:
             return
         exc = done.exception()

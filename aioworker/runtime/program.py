@@ -1,5 +1,6 @@
-"""What every rank's asyncio program shares: state, heartbeats, loading off the loop, tasks that
-fail the rank when they crash, and the startup / serve / shutdown skeleton."""
+"""What every rank's asyncio program shares: state (told to systemd as it changes), heartbeats,
+loading off the loop, tasks that fail the rank when they crash, and the startup / serve /
+shutdown skeleton."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import zmq.asyncio
 from aioworker.config import WorkerConfig
 from aioworker.protocol import Heartbeat, encode
 from aioworker.runtime.heartbeat import publish_heartbeats
+from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed_watchdog
 from aioworker.runtime.state import ExitCode, RankState
 from aioworker.transport import group_endpoints, make_socket
 
@@ -24,6 +26,18 @@ log = logging.getLogger(__name__)
 
 # Builds the rank's compute (model, cache, executor thread); runs in a worker thread.
 BuildFn = Callable[[], tuple[Any, Any]]
+
+STARTING_STATES = frozenset(
+    {RankState.STARTING, RankState.LOADING, RankState.PROFILING, RankState.WARMING}
+)
+STOPPING_STATES = frozenset({RankState.DRAINING, RankState.STOPPED, RankState.FAILED})
+# What systemd shows after the state's name (`systemctl status`); the rest show the name alone.
+STATUS_PHRASES = {
+    RankState.LOADING: "LOADING model",
+    RankState.PROFILING: "PROFILING memory",
+    RankState.WARMING: "WARMING up",
+    RankState.DRAINING: "DRAINING requests in flight",
+}
 
 
 class FatalError(RuntimeError):
@@ -33,7 +47,14 @@ class FatalError(RuntimeError):
 
 
 class RankProgram:
-    def __init__(self, config: WorkerConfig, group: int, rank: int, build: BuildFn) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        group: int,
+        rank: int,
+        build: BuildFn,
+        notifier: SystemdNotifier | None = None,
+    ) -> None:
         self.config = config
         self.group = group
         self.rank = rank
@@ -42,8 +63,11 @@ class RankProgram:
             config.runtime, group, config.parallel.tensor_parallel_size
         )
         self.context = zmq.asyncio.Context()
-        self.state = RankState.STARTING
+        self.notifier = notifier if notifier is not None else SystemdNotifier({})
+        self._told_ready = self._told_stopping = False
+        self._watched_step_id = -1
         self.detail = ""
+        self.state = RankState.STARTING
         self.exit_code = ExitCode.OK
         self.executor: Any = None
         self.spec: Any = None
@@ -90,10 +114,13 @@ class RankProgram:
         self._beat_socket = self.socket(zmq.PUB, bind=self.endpoints.heartbeats[self.rank])
         interval = self.config.runtime.heartbeat_interval_s
         self.spawn(publish_heartbeats(self._beat_socket, self.heartbeat, interval))
+        if self.notifier.is_enabled:
+            self.spawn(extend_start_timeout(self.notifier, self.is_starting))
         self.bind_sockets()
         self.state = RankState.LOADING
         self.executor, self.spec = await run_in_daemon_thread(self.build)
         await self.serve()
+        self.feed_systemd_watchdog()
 
     def bind_sockets(self) -> None:
         """Subclasses create their sockets here, before the (long) load."""
@@ -138,11 +165,59 @@ class RankProgram:
             log.error(
                 "rank %d of group %d failing (exit %d): %s", self.rank, self.group, code, reason
             )
-            self.state = RankState.FAILED
             self.detail = reason
             self.exit_code = code
+            self.state = RankState.FAILED
         if self.stopped is not None:
             self.stopped.set()
+
+    # -- state, as systemd sees it ------------------------------------------------------------
+
+    @property
+    def state(self) -> RankState:
+        return self._state
+
+    @state.setter
+    def state(self, state: RankState) -> None:
+        self._state = state
+        self.notify_systemd()
+
+    def notify_systemd(self) -> None:
+        """STATUS on every change; READY=1 the first time the rank serves; STOPPING=1 once."""
+        status = self.status_text()
+        if self._state is RankState.READY and not self._told_ready:
+            self._told_ready = True
+            self.notifier.ready(status)
+        elif self._state in STOPPING_STATES and not self._told_stopping:
+            self._told_stopping = True
+            self.notifier.stopping(status)
+        else:
+            self.notifier.status(status)
+
+    def status_text(self) -> str:
+        if self._state is RankState.FAILED:
+            return f"FAILED: {self.detail}"
+        phrase = STATUS_PHRASES.get(self._state, str(self._state))
+        return f"{phrase}: group {self.group} rank {self.rank}"
+
+    def is_starting(self) -> bool:
+        return self._state in STARTING_STATES
+
+    def feed_systemd_watchdog(self) -> None:
+        """Once serving: WATCHDOG=1 at half systemd's interval while `is_progressing()`."""
+        interval = self.notifier.watchdog_interval_s
+        if self.notifier.is_enabled and interval:
+            self.spawn(feed_watchdog(self.notifier, interval / 2, self.is_progressing))
+
+    def is_progressing(self) -> bool:
+        """Not stopped, and no step in flight past runtime.hung_step_timeout_s unless a newer step
+        started since the previous call (each call remembers the step id it saw)."""
+        if self._state.is_final:
+            return False
+        step_id, started = self.step_id, self.step_started_at
+        moved, self._watched_step_id = step_id != self._watched_step_id, step_id
+        timeout = self.config.runtime.hung_step_timeout_s
+        return started is None or moved or timeout <= 0 or time.monotonic() - started < timeout
 
     # -- helpers ------------------------------------------------------------------------------
 
