@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def build_rank(
     progress: bool = True,
     dist_init: str | None = None,
     device_index: int = 0,
+    report_phase: Callable[[str], None] | None = None,
 ) -> tuple[Executor, RankSpec]:
     """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
     started = time.monotonic()
@@ -88,7 +90,17 @@ def build_rank(
             executor.call(
                 lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
             ).result()
-        build = _Build(config, cfg, model_dir, device, dtype, max_model_len, tp, progress)
+        build = _Build(
+            config,
+            cfg,
+            model_dir,
+            device,
+            dtype,
+            max_model_len,
+            tp,
+            progress,
+            report_phase or _ignore,
+        )
         num_blocks = executor.call(lambda: _build_runner(executor, build)).result()
     except BaseException:
         executor.shutdown()
@@ -116,6 +128,7 @@ class _Build:
     max_model_len: int
     tp: TensorParallel
     progress: bool
+    report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
 
 
 def _build_runner(executor: Executor, build: _Build) -> int:
@@ -174,6 +187,7 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
 
     num_blocks = config.cache.num_blocks
     if not num_blocks:
+        build.report_phase("PROFILING")
         num_blocks = profile_num_blocks(
             runner, model, config, build.model_config, build.dtype, device
         ).num_blocks
@@ -187,8 +201,13 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
     capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
     executor.runner = runner(num_blocks, capture)
     if executor.runner.graphs is not None:
+        build.report_phase("WARMING")
         executor.runner.graphs.capture()
     return num_blocks
+
+
+def _ignore(_: str) -> None:
+    pass
 
 
 def _build_model(

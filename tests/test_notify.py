@@ -161,7 +161,7 @@ def program_and_receiver(path_receiver):
     path, receiver = path_receiver
     config, _ = deployment(**{"runtime.hung_step_timeout_s": 0.5})
     notifier = SystemdNotifier({"NOTIFY_SOCKET": path})
-    program = RankProgram(config, 0, 0, lambda: (None, None), notifier)
+    program = RankProgram(config, 0, 0, lambda *_: (None, None), notifier)
     yield program, receiver
     program.context.term()
 

@@ -217,3 +217,21 @@ def test_a_recording_replays_to_the_same_tokens(tmp_path) -> None:
     other_dir = tmp_path / "other"
     build_tiny_model("qwen3", other_dir, seed=1)
     assert replay(str(other_dir)).returncode == 1
+
+
+def test_a_second_instance_on_the_same_endpoints_refuses_to_start() -> None:
+    config, set_args = deployment()
+    with running(config, set_args, "--fake-executor"):
+        second = start_worker(0, set_args, "--fake-executor")
+        code = second.wait(10)
+        log = read_log(second)
+        assert admin_status_ready(config)  # the first one still serves
+    assert code == ExitCode.FAILED
+    assert "already served by another process" in log
+
+
+def admin_status_ready(config) -> bool:
+    from tests.workers import admin
+
+    reply = admin(config, "status")
+    return reply is not None and reply.data["state"] == "READY"

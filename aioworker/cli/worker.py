@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     dist_init = group_endpoints(config.runtime, group, tp).dist_init
 
-    def build():
+    def build(report_phase):
         if args.fake_executor:
             from aioworker.fake_executor import build_fake
 
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             TensorParallel(local_rank, tp),
             progress=False,
             dist_init=dist_init,
+            report_phase=report_phase,
             device_index=args.rank,
         )
 

@@ -98,6 +98,10 @@ class RankProgram:
             await self.shutdown()
         return int(self.exit_code)
 
+    def _enter_phase(self, state: RankState) -> None:
+        if not self.state.is_final:
+            self.state = state
+
     async def _start_unless_stopped(self) -> None:
         """A stop (signal, admin) during a long load or peer wait ends start-up at once."""
         startup = asyncio.ensure_future(self.startup())
@@ -118,7 +122,13 @@ class RankProgram:
             self.spawn(extend_start_timeout(self.notifier, self.is_starting))
         self.bind_sockets()
         self.state = RankState.LOADING
-        self.executor, self.spec = await run_in_daemon_thread(self.build)
+        loop = asyncio.get_running_loop()
+
+        def report_phase(state: str) -> None:
+            """Called by the build thread (PROFILING, WARMING): the state belongs to the loop."""
+            loop.call_soon_threadsafe(self._enter_phase, RankState(state))
+
+        self.executor, self.spec = await run_in_daemon_thread(lambda: self.build(report_phase))
         await self.serve()
         self.feed_systemd_watchdog()
 
