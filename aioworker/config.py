@@ -86,6 +86,8 @@ class RuntimeOptions(_Section):
     metrics_port: int = 0
     # Record every task-channel frame and every output to this file (see `aioworker replay`).
     record_path: str = ""
+    # While memory is released (`admin release-memory`): queue new requests, or refuse them.
+    while_released: Literal["queue", "reject"] = "queue"
 
 
 class SecurityOptions(_Section):

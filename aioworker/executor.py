@@ -46,6 +46,13 @@ class Executor:
         self._jobs.put((fn, None, future))
         return future
 
+    def run_weights_op(self, message) -> Future:
+        """A weights update phase or a memory release / resume (a WeightsStatus), in order after
+        the steps already submitted; the future gives the bytes freed."""
+        from aioworker.weights_ops import run_weights_op
+
+        return self.call(lambda: run_weights_op(self.runner, message))
+
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""
         self._jobs.put(_STOP)

@@ -69,6 +69,9 @@ class FakeExecutor:
         future.set_result(fn())
         return future
 
+    def run_weights_op(self, message) -> Future:
+        return self.call(lambda: 0)
+
     def shutdown(self, timeout: float | None = None) -> bool:
         return True
 

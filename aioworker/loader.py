@@ -57,8 +57,13 @@ def load_weights(
     tensors: Iterator[tuple[str, torch.Tensor]],
     total: int | None = None,
     progress: bool = True,
+    targets: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Copy each named checkpoint tensor into its parameter (merged ones by shard id)."""
+    """Copy each named checkpoint tensor into its parameter (merged ones by shard id).
+
+    With `targets` (parameter name -> a tensor shaped like it), the slices go there instead and
+    the model is untouched: that is how an update is staged and validated before it is applied.
+    """
     params = dict(model.named_parameters(remove_duplicate=False))
     packed: dict[str, tuple[str, int]] = getattr(model, "packed_modules", {})
     tied = _tied_names(model)
@@ -76,21 +81,25 @@ def load_weights(
             raise WeightsError(
                 f"unexpected tensor {name!r} in the checkpoint: the model has no such parameter"
             )
-        _load_one(params[param_name], tensor, name, shard_id)
+        target = params[param_name] if targets is None else targets[param_name]
+        _load_one(params[param_name], target, tensor, name, shard_id)
         loaded.add(param_name if shard_id is None else f"{param_name}#{shard_id}")
     bar.close()
     _check_complete(expected, loaded, packed)
 
 
-def _load_one(param: nn.Parameter, tensor: torch.Tensor, name: str, shard_id: int | None) -> None:
+def _load_one(
+    param: nn.Parameter, target: torch.Tensor, tensor: torch.Tensor, name: str, shard_id: int | None
+) -> None:
+    """The parameter's own loader (it knows its tensor-parallel slice) writes into `target`."""
     loader = param.weight_loader if hasattr(param, "weight_loader") else _default_loader
     tensor = tensor.to(param.dtype)
     try:
         with torch.no_grad():
             if shard_id is None:
-                loader(param, tensor, name)
+                loader(target, tensor, name)
             else:
-                loader(param, tensor, name, shard_id)
+                loader(target, tensor, name, shard_id)
     except (ValueError, RuntimeError) as exc:
         raise WeightsError(str(exc) if name in str(exc) else f"{name}: {exc}") from exc
 

@@ -64,6 +64,14 @@ class ModelRunner:
         self.device = device
         self.tp = tp
         self.seqs: dict[int, _SeqState] = {}
+        self.memory = None  # a DeviceMemory, set when the rank is built
+        self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
+
+    def drop_graphs(self) -> None:
+        """Nothing to drop on the CPU; the CUDA runner frees its captured graphs."""
+
+    def recapture_graphs(self) -> None:
+        """Nothing to capture on the CPU."""
 
     def launch(self, plan: StepPlan):
         """Start a step; the returned object's result() gives its StepResult (here: at once)."""

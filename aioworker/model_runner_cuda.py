@@ -52,10 +52,20 @@ class CudaModelRunner(ModelRunner):
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.num_kv_heads = model.attention_layers()[0].num_kv_heads
         self.graphs: DecodeGraphs | None = None
-        if max_capture_batch_size > 0 and backend.supports_graphs:
+        self.capture_batch_size = max_capture_batch_size if backend.supports_graphs else 0
+        if self.capture_batch_size > 0:
             self.graphs = DecodeGraphs(
                 self, min(max_capture_batch_size, max_num_seqs), max_model_len
             )
+
+    def drop_graphs(self) -> None:
+        self.graphs = None
+
+    def recapture_graphs(self) -> None:
+        if self.capture_batch_size > 0 and self.graphs is None:
+            max_batch = min(self.capture_batch_size, self.scratch_row)
+            self.graphs = DecodeGraphs(self, max_batch, self.max_model_len)
+            self.graphs.capture()
 
     # -- plan state ---------------------------------------------------------------------------
 

@@ -84,10 +84,45 @@ class PlanMessage(_Message, tag="plan"):
     plan: StepPlan
 
 
+class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
+    """A CUDA tensor of another process on this host, as torch.multiprocessing shares it: an
+    IPC memory handle plus the layout to rebuild the tensor (no pickle)."""
+
+    name: str
+    dtype: str
+    size: list[int]
+    stride: list[int]
+    offset: int
+    device: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+
+
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+    """A tensor sent as a raw little-endian frame beside the message."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+WeightsOp = Literal["stage", "commit", "rollback", "release", "resume"]
+
+
 class WeightsStatus(_Message, tag="weights"):
-    status: Literal["update", "clear", "resume"]
-    version: int
-    path: str = ""
+    """Driver -> peers: one phase of a weights update, or a memory release / resume."""
+
+    op: WeightsOp
+    version: int = 0
+    path: str = ""  # stage: a safetensors directory...
+    ipc_tensors: list[IpcTensor] = []  # ...or tensors shared by a trainer process
+    weights: bool = True  # release: what to free
+    kv_cache: bool = True
 
 
 class Shutdown(_Message, tag="shutdown"):
@@ -112,25 +147,41 @@ class PeerFailed(_Message, tag="failed"):
     reason: str
 
 
-class WeightsLoaded(_Message, tag="weights_loaded"):
+class WeightsAck(_Message, tag="weights_ack"):
     rank: int
-    version: int
+    op: WeightsOp
     ok: bool
     error: str = ""
+    freed_bytes: int = 0
 
 
-AckMessage = PeerReady | PeerFailed | WeightsLoaded
+AckMessage = PeerReady | PeerFailed | WeightsAck
 
 # -- admin: CLI -> driver (DEALER -> ROUTER) ------------------------------------------------------
 
-AdminCommand = Literal["status", "pause", "resume", "drain", "abort", "shutdown", "set-log-level"]
+AdminCommand = Literal[
+    "status", "pause", "resume", "drain", "abort", "shutdown", "set-log-level",
+    "update-weights", "release-memory", "resume-memory",
+]  # fmt: skip
+UpdateMode = Literal["wait", "keep", "abort"]
 
 
 class AdminRequest(_Message, tag="admin"):
     command: AdminCommand
     # The argument of commands that take one: a request id for abort, a level for set-log-level,
-    # a deadline in seconds for drain.
+    # a deadline in seconds for drain, a safetensors directory for update-weights.
     argument: str = ""
+    # update-weights: the new weights' version (default: the current one + 1), and what happens
+    # to running requests: wait (finish them first), keep (continue them on the new weights),
+    # abort. The weights come from `argument` (a directory), `ipc_tensors` (a trainer on this
+    # host), or `pushed` tensors sent as raw frames after the message.
+    version: int | None = None
+    mode: UpdateMode = "wait"
+    ipc_tensors: list[IpcTensor] = []
+    pushed: list[TensorMeta] = []
+    # release-memory: what to free.
+    weights: bool = True
+    kv_cache: bool = True
 
 
 class AdminReply(_Message, tag="admin_reply"):

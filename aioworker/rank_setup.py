@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from aioworker.config import WorkerConfig
+from aioworker.device_memory import DeviceMemory
 from aioworker.executor import Executor
 from aioworker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.kv_profile import profile_num_blocks
@@ -155,6 +156,10 @@ def _build_runner(executor: Executor, build: _Build) -> int:
     executor.runner = ModelRunner(
         model, backend, Sampler(config.model.seed, device), device, build.tp
     )
+    executor.runner.memory = DeviceMemory(
+        executor.runner,
+        lambda: allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device),
+    )
     return num_blocks
 
 
@@ -194,12 +199,16 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
     _check_holds_one_sequence(
         num_blocks, config.cache.block_size, build.max_model_len, "gpu_memory_utilization"
     )
+
     # One block more than the scheduler may use: the scratch block of padded graph rows.
-    allocate_kv_cache(
-        model.attention_layers(), num_blocks + 1, config.cache.block_size, build.dtype, device
-    )
+    def allocate_cache() -> None:
+        layers = model.attention_layers()
+        allocate_kv_cache(layers, num_blocks + 1, config.cache.block_size, build.dtype, device)
+
+    allocate_cache()
     capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
     executor.runner = runner(num_blocks, capture)
+    executor.runner.memory = DeviceMemory(executor.runner, allocate_cache)
     if executor.runner.graphs is not None:
         build.report_phase("WARMING")
         executor.runner.graphs.capture()

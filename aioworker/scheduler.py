@@ -82,6 +82,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}
         self.num_preemptions = 0
+        # False holds waiting requests back (a weights update in `wait` mode lets the running
+        # ones finish first).
+        self.admit_new = True
         self._released_seq_ids: list[int] = []
         self._next_step_id = 0
 
@@ -102,6 +105,14 @@ class Scheduler:
             self.waiting.remove(seq)
         self._finish(seq, FinishReason.ABORT)
         return seq
+
+    def preempt_all(self) -> int:
+        """Send every running sequence back to waiting (its KV cache is being freed); they are
+        recomputed from their tokens later. Returns how many."""
+        count = len(self.running)
+        while self.running:
+            self._preempt(self.running.pop())
+        return count
 
     @property
     def num_unfinished(self) -> int:
@@ -193,7 +204,9 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, budget: int, builder: _PlanBuilder) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.admit_new and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+        ):
             seq = self.waiting[0]
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, seq.num_computed_tokens + num_tokens):

@@ -209,3 +209,73 @@ def test_zmq_process_path_serves_256_concurrent_requests(tmp_path) -> None:
         completions, unexpected = asyncio.run(scenario())
     assert [c.finish_reason for c in completions] == ["length"] * 256
     assert all(len(c.token_ids) == 32 for c in completions) and unexpected == 0
+
+
+def test_release_frees_90_percent_and_resume_serves_the_same_tokens() -> None:
+    from aioworker.bench.gpu import QWEN3_06B
+
+    eng = engine(
+        QWEN3_06B,
+        **{
+            "model.load_format": "dummy",
+            "model.dtype": "bfloat16",
+            "cache.num_blocks": 20000,
+            "model.max_model_len": 4096,
+        },
+    )
+    try:
+        batch = prompts(10000)
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        before = [c.token_ids for c in eng.generate(batch, params)]
+        runner = eng.executor.runner
+        weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+        layers = runner.model.attention_layers()
+        cache_bytes = sum(
+            2 * layer.k_cache.numel() * layer.k_cache.element_size() for layer in layers
+        )
+        freed = eng.executor.call(lambda: runner.memory.release(True, True)).result()
+        assert freed >= 0.9 * (weight_bytes + cache_bytes), (freed, weight_bytes, cache_bytes)
+        eng.executor.call(runner.memory.resume).result()
+        assert runner.graphs is not None  # re-captured
+        after = [c.token_ids for c in eng.generate(batch, params)]
+        assert after == before
+    finally:
+        eng.close()
+
+
+def test_an_ipc_update_from_a_second_process_is_picked_up(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.workers import admin, deployment, running
+
+    build_tiny_model("qwen3", tmp_path / "old", seed=0)
+    build_tiny_model("qwen3", tmp_path / "new", seed=1)
+    # float32: the probe's batching differs between the two runs, and bf16 near-ties could flip.
+    fresh = engine(tmp_path / "new", **{"model.dtype": "float32"})
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    try:
+        expected = [c.token_ids for c in fresh.generate(prompts(384), params)]
+    finally:
+        fresh.close()
+    overrides = {"model.path": str(tmp_path / "old"), "model.dtype": "float32", **GPU}
+    config, set_args = deployment(**overrides)
+
+    async def probe():
+        from aioworker.client import Client
+
+        async with Client.from_config(config) as client:
+            return [(await client.generate(p, params)).token_ids for p in prompts(384)]
+
+    with running(config, set_args):
+        trainer = subprocess.run(
+            [sys.executable, "-m", "tests.ipc_trainer", str(tmp_path / "new"), config.runtime.name],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        reply = json.loads(trainer.stdout.strip().splitlines()[-1])
+        status = admin(config, "status").data
+        after = asyncio.run(probe())
+    assert reply["ok"], (reply, trainer.stderr[-2000:])
+    assert status["weights_version"] == 7
+    assert after == expected

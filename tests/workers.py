@@ -11,11 +11,8 @@ import time
 import uuid
 from contextlib import contextmanager
 
-import zmq
-
 from aioworker.config import WorkerConfig, load_config
-from aioworker.protocol import ADMIN_REPLY_DECODER, AdminRequest, encode
-from aioworker.transport import group_endpoints
+from aioworker.protocol import AdminRequest
 
 FAST_BEATS = {"runtime.heartbeat_interval_s": 0.2}
 
@@ -58,21 +55,18 @@ def read_log(process: subprocess.Popen) -> str:
 
 
 def admin(
-    config: WorkerConfig, command: str, argument: str = "", group: int = 0, timeout: float = 5.0
+    config: WorkerConfig,
+    command: str,
+    argument: str = "",
+    group: int = 0,
+    timeout: float = 5.0,
+    **fields,
 ):
-    endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(encode(AdminRequest(command=command, argument=argument)))
-        if not sock.poll(timeout * 1000):
-            return None
-        return ADMIN_REPLY_DECODER.decode(sock.recv_multipart())
-    finally:
-        sock.close()
-        context.term()
+    """One admin request (any AdminRequest fields), or None after `timeout` seconds."""
+    from aioworker.cli.admin import send
+
+    reply = send(config, group, AdminRequest(command=command, argument=argument, **fields), timeout)
+    return reply.reply if reply.is_reachable else None
 
 
 def wait_ready(

@@ -8,6 +8,7 @@ import json
 import sys
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -36,7 +37,23 @@ COMMANDS: dict[str, tuple[str | None, str, str]] = {
     "abort": ("required", "abort REQUEST_ID", "abort one request; its client gets 'abort'"),
     "shutdown": (None, "shutdown", "abort every request and stop the group now"),
     "set-log-level": ("required", "set-log-level LEVEL", f"one of {', '.join(LOG_LEVELS)}"),
+    "update-weights": (
+        "required",
+        "update-weights DIR",
+        "load new weights from a safetensors directory on every rank, checked before anything "
+        "is replaced (all ranks or none); --version V names them, --mode wait|keep|abort says "
+        "what running requests do: finish first, continue on the new weights, or end",
+    ),
+    "release-memory": (
+        None,
+        "release-memory",
+        "free device memory: --weights and/or --kv-cache (default both); steps hold until "
+        "resume-memory",
+    ),
+    "resume-memory": (None, "resume-memory", "restore the weights and KV cache and serve again"),
 }
+# Weights and memory commands can take minutes: their default wait is longer.
+LONG_TIMEOUT_S = 600.0
 
 EPILOG = "commands:\n" + "\n".join(
     textwrap.fill(text, 92, initial_indent=f"  {usage:22}", subsequent_indent=" " * 24)
@@ -71,10 +88,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=5.0,
+        default=None,
         metavar="S",
-        help="seconds to wait for each group's reply (default: 5)",
+        help="seconds to wait for each group's reply (default: 5; 600 for weights and memory)",
     )
+    weights = parser.add_argument_group("update-weights and release-memory")
+    weights.add_argument(
+        "--version",
+        type=int,
+        help="update-weights: the new weights' version (default: current + 1)",
+    )
+    weights.add_argument(
+        "--mode",
+        choices=["wait", "keep", "abort"],
+        default="wait",
+        help="update-weights: running requests finish first (wait, the default), continue on the new weights (keep), or end (abort)",
+    )
+    weights.add_argument("--weights", action="store_true", help="release-memory: the weights")
+    weights.add_argument("--kv-cache", action="store_true", help="release-memory: the KV cache")
     parser.add_argument(
         "--json", action="store_true", help="one JSON object per group: group, ok, message, data"
     )
@@ -83,20 +114,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     error = argument_error(args.admin_command, args.argument)
-    if error is None and not args.timeout > 0:
+    if error is None and args.timeout is not None and not args.timeout > 0:
         error = f"--timeout {args.timeout:g}: give a positive number of seconds"
     if error is not None:
         return fail(error, EXIT_USAGE)
     try:
         config = config_from_args(args)
         groups = selected_groups(config, args.group)
-        request = AdminRequest(command=args.admin_command, argument=args.argument)
-        replies = [send(config, group, request, args.timeout) for group in groups]
+        request = build_request(args)
+        timeout = args.timeout if args.timeout is not None else default_timeout(args.admin_command)
+        replies = [send(config, group, request, timeout) for group in groups]
     except (ConfigError, ValueError, OSError) as exc:
         return fail(str(exc), EXIT_USAGE)
     for reply in replies:
         show(reply, args.admin_command, args.json)
     return exit_code(replies)
+
+
+def build_request(args: argparse.Namespace) -> AdminRequest:
+    release_both = not (args.weights or args.kv_cache)
+    return AdminRequest(
+        command=args.admin_command,
+        argument=str(Path(args.argument).resolve())
+        if args.admin_command == "update-weights"
+        else args.argument,
+        version=args.version,
+        mode=args.mode,
+        weights=args.weights or release_both,
+        kv_cache=args.kv_cache or release_both,
+    )
+
+
+def default_timeout(command: str) -> float:
+    return (
+        LONG_TIMEOUT_S if command in ("update-weights", "release-memory", "resume-memory") else 5.0
+    )
 
 
 def argument_error(command: str, argument: str) -> str | None:
@@ -135,7 +187,13 @@ def selected_groups(config: WorkerConfig, group: int | None) -> list[int]:
     return [group]
 
 
-def send(config: WorkerConfig, group: int, request: AdminRequest, timeout_s: float) -> GroupReply:
+def send(
+    config: WorkerConfig,
+    group: int,
+    request: AdminRequest,
+    timeout_s: float,
+    raw_frames: list[bytes] | None = None,
+) -> GroupReply:
     """One request to one group's driver over a DEALER socket (a CURVE client when [security]
     has keys), waiting up to timeout_s."""
     endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
@@ -147,7 +205,8 @@ def send(config: WorkerConfig, group: int, request: AdminRequest, timeout_s: flo
             for option, value in security.connect_options(endpoint).items():
                 sock.setsockopt(option, value)
             sock.connect(endpoint)
-            sock.send_multipart(encode(request))
+            # Pushed tensors travel as raw frames after the message (update-weights).
+            sock.send_multipart([*encode(request), *(raw_frames or [])])
             if sock.poll(int(timeout_s * 1000)):
                 return GroupReply(group, decode_reply(sock.recv_multipart(), endpoint))
     finally:

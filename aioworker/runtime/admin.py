@@ -15,6 +15,22 @@ DEFAULT_DRAIN_DEADLINE_S = 60.0
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+LONG_COMMANDS = frozenset({"update-weights", "release-memory", "resume-memory"})
+
+
+async def handle_long(driver: Driver, request: AdminRequest, raw_frames: list[bytes]) -> AdminReply:
+    """Weights and memory commands: they hold the group and may take minutes."""
+    if driver.scheduler is None:
+        return AdminReply(
+            ok=False, message=f"worker is {driver.state.lower()}; try again when READY"
+        )
+    if request.command == "update-weights":
+        return await driver.weights.update(request, raw_frames)
+    if request.command == "release-memory":
+        return await driver.weights.release(request)
+    return await driver.weights.resume()
+
+
 def handle(driver: Driver, request: AdminRequest) -> AdminReply:
     if request.command == "status":
         return AdminReply(ok=True, message=str(driver.state), data=status(driver))
@@ -46,6 +62,7 @@ def status(driver: Driver) -> dict[str, Any]:
         "loop_us_per_step": round(driver.loop_time.mean * 1e6, 1),
         "loop_cpu_us_per_step": round(driver.loop_cpu_time.mean * 1e6, 1),
         "weights_version": driver.weights_version,
+        "last_weights_update_s": driver.weights.last_update_s,
         "tensor_parallel_size": driver.config.parallel.tensor_parallel_size,
         "model": str(driver.spec.model_dir) if driver.spec else None,
     }

@@ -29,6 +29,7 @@ from aioworker.protocol import (
     Shutdown,
     SubmitRequest,
     TokenDelta,
+    WeightsAck,
     encode,
 )
 from aioworker.requests import RequestValidator
@@ -41,6 +42,7 @@ from aioworker.runtime.program import FatalError, RankProgram
 from aioworker.runtime.recorder import Recorder
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
 from aioworker.runtime.state import ExitCode, RankState
+from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.sampling_params import InvalidRequestError
 from aioworker.scheduler import Scheduler, SeqOutput
 from aioworker.security import ServerSecurity, recv_with_client_key, stop_authenticator
@@ -104,6 +106,9 @@ class Driver(RankProgram):
         self.seq_ids = itertools.count()
         self.rejected = DropCounter(log, "malformed frames")
         self.work = asyncio.Event()
+        self.progress = asyncio.Event()  # set after every step and when steps stop
+        self.in_flight: collections.deque = collections.deque()  # (plan, future, submitted_at)
+        self.weights = WeightsCoordinator(self)
         # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
         self.loop_time = RecentMean()
         self.loop_cpu_time = RecentMean()  # the same, in this thread's CPU time
@@ -200,7 +205,9 @@ class Driver(RankProgram):
 
     async def ack_loop(self) -> None:
         while True:
-            await self.recv_ack()
+            message = await self.recv_ack()
+            if isinstance(message, WeightsAck):
+                self.weights.acks.put_nowait(message)
             await asyncio.sleep(0)
 
     # -- requests -----------------------------------------------------------------------------
@@ -253,6 +260,9 @@ class Driver(RankProgram):
     def admission_error(self, message: SubmitRequest) -> str | None:
         if not self.state.accepts_requests:
             return f"worker is {self.state.lower()}: not accepting requests; retry on another group"
+        released = self.state is RankState.WEIGHTS_CLEARED
+        if released and self.config.runtime.while_released == "reject":
+            return "worker has released its memory (admin release-memory); retry later or on another group"
         if not message.request_id or len(message.request_id) > MAX_REQUEST_ID_LENGTH:
             return f"request_id must have 1 to {MAX_REQUEST_ID_LENGTH} characters"
         if message.request_id in self.requests:
@@ -321,17 +331,29 @@ class Driver(RankProgram):
     # -- stepping -----------------------------------------------------------------------------
 
     def can_step(self) -> bool:
-        return self.scheduler.has_work and self.state is not RankState.PAUSED
+        """Steps run while serving or draining; weights and memory operations hold them."""
+        return self.scheduler.has_work and self.state in (RankState.READY, RankState.DRAINING)
+
+    async def wait_for(self, predicate) -> None:
+        """Wait until `predicate()` holds; it is checked whenever a step completes."""
+        while not predicate():
+            self.progress.clear()
+            await self.progress.wait()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.in_flight)
 
     async def step_loop(self) -> None:
         """Keep up to MAX_IN_FLIGHT steps launched: the next plan is built and queued on the
         device while the current step runs, then the oldest step's tokens are delivered."""
-        in_flight: collections.deque = collections.deque()
+        in_flight = self.in_flight
         while True:
             started, started_cpu = time.perf_counter(), time.thread_time()
             await self.launch_steps(in_flight)
             launched, launched_cpu = time.perf_counter(), time.thread_time()
             if not in_flight:
+                self.progress.set()
                 self.work.clear()
                 await self.work.wait()
                 continue
@@ -348,6 +370,7 @@ class Driver(RankProgram):
             returned, returned_cpu = time.perf_counter(), time.thread_time()
             self.deliver(self.scheduler.update(plan, result), plan.step_id)
             self.maybe_finish_drain()
+            self.progress.set()
             self.loop_time.add(launched - started + time.perf_counter() - returned)
             self.loop_cpu_time.add(launched_cpu - started_cpu + time.thread_time() - returned_cpu)
 
@@ -457,9 +480,28 @@ class Driver(RankProgram):
             identity, body = frames[0], frames[1:]
             # A REQ client puts an empty delimiter before the body; echo it back.
             delimiter = [b""] if body[:1] == [b""] else []
+            frames = body[len(delimiter) :]
+            route = [identity, *delimiter]
             try:
-                reply = admin.handle(self, ADMIN_DECODER.decode(body[len(delimiter) :]))
+                request = ADMIN_DECODER.decode(frames[:2])
             except ProtocolError as exc:
                 self.count_rejected("admin", exc)
-                reply = AdminReply(ok=False, message=str(exc))
-            await self.admin_socket.send_multipart([identity, *delimiter, *encode(reply)])
+                await self.admin_socket.send_multipart(
+                    [*route, *encode(AdminReply(ok=False, message=str(exc)))]
+                )
+                continue
+            if request.command in admin.LONG_COMMANDS:
+                # Minutes, perhaps: answered when done, while status and the rest stay live.
+                self.spawn(self.answer_long(route, request, frames[2:]))
+                continue
+            reply = admin.handle(self, request)
+            await self.admin_socket.send_multipart([*route, *encode(reply)])
+
+    async def answer_long(self, route: list[bytes], request, raw_frames: list[bytes]) -> None:
+        try:
+            reply = await admin.handle_long(self, request, raw_frames)
+        except Exception as exc:
+            reply = AdminReply(
+                ok=False, message=f"{request.command} failed: {type(exc).__name__}: {exc}"
+            )
+        await self.admin_socket.send_multipart([*route, *encode(reply)])

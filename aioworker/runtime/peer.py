@@ -17,6 +17,8 @@ from aioworker.protocol import (
     PlanMessage,
     ProtocolError,
     Shutdown,
+    WeightsAck,
+    WeightsStatus,
     encode,
 )
 from aioworker.runtime.drops import DropCounter
@@ -64,6 +66,8 @@ class Peer(RankProgram):
                 continue
             if isinstance(message, PlanMessage):
                 await self.run_plan(message.plan)
+            elif isinstance(message, WeightsStatus):
+                self.spawn(self.run_weights_op(message))
             elif isinstance(message, Shutdown):
                 if message.failed:
                     raise FatalError(ExitCode.PEER_LOST, f"the driver failed: {message.reason}")
@@ -101,6 +105,20 @@ class Peer(RankProgram):
         except zmq.ZMQError:
             pass
         self.fail(ExitCode.FAILED, f"step {step_id} failed: {reason}")
+
+    async def run_weights_op(self, message: WeightsStatus) -> None:
+        """A phase of a weights update (or a memory release / resume), after the plans already
+        queued; the driver waits for this rank's ack."""
+        try:
+            freed = await asyncio.wrap_future(self.executor.run_weights_op(message))
+            ack = WeightsAck(rank=self.rank, op=message.op, ok=True, freed_bytes=freed)
+            if message.op == "commit":
+                self.weights_version = message.version
+        except Exception as exc:
+            log.error("weights %s failed on rank %d: %s", message.op, self.rank, exc)
+            error = f"{type(exc).__name__}: {exc}"
+            ack = WeightsAck(rank=self.rank, op=message.op, ok=False, error=error)
+        await self.acks.send_multipart(encode(ack))
 
     async def report_failure(self, step_id: int, reason: str) -> None:
         message = PeerFailed(rank=self.rank, step_id=step_id, reason=reason)
