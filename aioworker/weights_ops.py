@@ -26,7 +26,8 @@ def _stage(runner, message: WeightsStatus):
     if message.ipc_tensors:
         from aioworker.ipc_weights import rebuild
 
-        return stage(runner.model, ((t.name, rebuild(t)) for t in message.ipc_tensors))
+        tensors = ((t.name, rebuild(t)) for t in message.ipc_tensors)
+        return stage(runner.model, tensors, on_device=True)
     return stage_from_directory(runner.model, message.path)
 
 

@@ -37,10 +37,16 @@ def stage_from_directory(model: nn.Module, path: str | Path) -> dict[str, torch.
     return stage(model, tensors)
 
 
-def stage(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Slice and check named tensors into host buffers shaped like this rank's parameters."""
+def stage(
+    model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], on_device: bool = False
+) -> dict[str, torch.Tensor]:
+    """Slice and check named tensors into buffers shaped like this rank's parameters: in host
+    memory, or with `on_device` beside the live weights when the device has room for a second
+    copy (tensors that are on the device already then never cross the bus)."""
+    params = live_parameters(model)
+    device = _staging_device(params, on_device)
     targets = {
-        name: torch.empty(p.shape, dtype=p.dtype) for name, p in live_parameters(model).items()
+        name: torch.empty(p.shape, dtype=p.dtype, device=device) for name, p in params.items()
     }
     load_weights(model, tensors, progress=False, targets=targets)
     for name, tensor in targets.items():
@@ -58,6 +64,15 @@ def commit(model: nn.Module, staged: dict[str, torch.Tensor]) -> None:
         cpu_packing.pack_model(model)  # the packed copies are derived: make them again
     if next(model.parameters()).is_cuda:
         torch.cuda.current_stream().synchronize()
+
+
+def _staging_device(params: dict[str, nn.Parameter], on_device: bool) -> torch.device:
+    device = next(iter(params.values())).device
+    if not on_device or device.type != "cuda":
+        return torch.device("cpu")
+    needed = sum(p.numel() * p.element_size() for p in params.values())
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if free > needed * 1.1 + (1 << 30) else torch.device("cpu")
 
 
 def write_checksums(path: str | Path) -> Path:
