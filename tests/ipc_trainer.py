@@ -23,7 +23,9 @@ def main(checkpoint: str, runtime_name: str, version: int) -> None:
     request = AdminRequest(command="update-weights", version=version, ipc_tensors=ipc, mode="keep")
     # The tensors stay alive (referenced here) until the worker has answered.
     reply = send(config, 0, request, 600).reply
-    print(json.dumps({"ok": reply.ok, "message": reply.message, "seconds": reply.data.get("seconds")}))
+    print(
+        json.dumps({"ok": reply.ok, "message": reply.message, "seconds": reply.data.get("seconds")})
+    )
 
 
 if __name__ == "__main__":
