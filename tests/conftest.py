@@ -30,3 +30,18 @@ def embedded_engine(embedded_model_dir: Path):
     engine = make_engine(embedded_model_dir)
     yield engine
     engine.close()
+
+
+# Fake-executor workers for the control-tool tests (test_cli_admin, test_cli_top).
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory):
+    from tests.cli_workers import Workers
+
+    workers = Workers(tmp_path_factory.mktemp("workers"))
+    yield workers
+    workers.kill_all()
+
+
+@pytest.fixture(scope="module")
+def ready_worker(workers):
+    return workers.start()

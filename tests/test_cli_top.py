@@ -8,9 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from aioworker.cli.top import beat_json
 from aioworker.monitor import (
@@ -26,7 +23,7 @@ from aioworker.monitor import (
     unhealthy_reason,
 )
 from aioworker.protocol import Heartbeat
-from tests.test_cli_admin import HEARTBEAT_INTERVAL_S, Worker, Workers, cli
+from tests.cli_workers import HEARTBEAT_INTERVAL_S, Worker, Workers, cli
 
 NOW = 1000.0
 
@@ -103,18 +100,6 @@ def test_beat_json_adds_the_receive_time() -> None:
 
 
 # -- against running workers ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    workers = Workers(tmp_path_factory.mktemp("workers"))
-    yield workers
-    workers.kill_all()
-
-
-@pytest.fixture(scope="module")
-def ready_worker(workers: Workers) -> Worker:
-    return workers.start()
 
 
 def top(*argv: str, timeout_s: float) -> str:
