@@ -71,8 +71,11 @@ class RuntimeOptions(_Section):
     transport: Literal["ipc", "tcp"] = "ipc"
     # "" = $XDG_RUNTIME_DIR/aioworker, else /tmp/aioworker-<uid>; created 0700.
     runtime_dir: str = ""
-    # tcp: where every rank binds and connects (the driver's host when ranks span hosts).
+    # tcp: the address every rank binds and connects, unless rank_hosts names one per rank.
     host: str = "127.0.0.1"
+    # tcp across hosts: the address of each global rank (rank R at rank_hosts[R]); a group's
+    # sockets live on its driver's address, each rank's heartbeat on its own.
+    rank_hosts: list[str] = []
     base_port: int = 47000
     heartbeat_interval_s: float = 1.0
     # Send-queue bound per result socket; a client this far behind loses outputs (counted).

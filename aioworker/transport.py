@@ -58,14 +58,23 @@ def runtime_directory(runtime: RuntimeOptions) -> Path:
     return path
 
 
+def rank_host(runtime: RuntimeOptions, global_rank: int) -> str:
+    hosts = runtime.rank_hosts
+    return hosts[global_rank] if global_rank < len(hosts) and hosts[global_rank] else runtime.host
+
+
 def group_endpoints(runtime: RuntimeOptions, group: int, tp_size: int) -> GroupEndpoints:
     stride = _HEARTBEAT0 + tp_size
     base = runtime.base_port + group * stride
-    dist_init = f"tcp://{runtime.host}:{base + _DIST}"
+    driver_host = rank_host(runtime, group * tp_size)
+    dist_init = f"tcp://{driver_host}:{base + _DIST}"
     if runtime.transport == "tcp":
 
         def addr(offset: int) -> str:
-            return f"tcp://{runtime.host}:{base + offset}"
+            # Each rank's heartbeat binds on its own host; the group's sockets on its driver's.
+            rank = offset - _HEARTBEAT0
+            host = rank_host(runtime, group * tp_size + rank) if rank >= 0 else driver_host
+            return f"tcp://{host}:{base + offset}"
     else:
         directory = runtime_directory(runtime)
 
@@ -92,10 +101,23 @@ def all_group_endpoints(
 
 
 def client_reply_endpoint(runtime: RuntimeOptions) -> str:
-    """Where a client binds its result PULL socket (tcp: a free port chosen at bind)."""
+    """Where a client binds its result socket (tcp: this machine's address towards the first
+    driver, on a free port chosen at bind)."""
     if runtime.transport == "tcp":
-        return f"tcp://{runtime.host}:*"
+        return f"tcp://{local_address_towards(rank_host(runtime, 0))}:*"
     return f"ipc://{runtime_directory(runtime)}/{runtime.name}-client-{uuid.uuid4().hex[:12]}"
+
+
+def local_address_towards(host: str) -> str:
+    """The address of this machine that `host` can reach us at (no packet is sent)."""
+    if host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
 
 
 def ensure_not_served(endpoint: str) -> None:

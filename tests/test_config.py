@@ -38,3 +38,19 @@ def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
 def test_missing_config_file() -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/no/such/file.toml")
+
+
+def test_rank_hosts_place_each_groups_sockets_on_its_driver() -> None:
+    from aioworker.transport import group_endpoints
+
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    cfg = load_config(
+        overrides={
+            "runtime.transport": "tcp",
+            "runtime.rank_hosts": hosts,
+            "runtime.base_port": 5000,
+        }
+    )
+    group1 = group_endpoints(cfg.runtime, 1, 2)  # global ranks 2 and 3
+    assert group1.tasks == "tcp://10.0.0.3:5007" and group1.dist_init == "tcp://10.0.0.3:5011"
+    assert group1.heartbeats == ("tcp://10.0.0.3:5012", "tcp://10.0.0.4:5013")

@@ -4,7 +4,6 @@ through the client library. Tokenizes and detokenizes here; the workers see toke
 from __future__ import annotations
 
 import asyncio
-import socket
 from urllib.parse import urlparse
 
 import msgspec
@@ -16,7 +15,7 @@ from aioworker.config import WorkerConfig
 from aioworker.sampling_params import SamplingParams
 from aioworker.security import ClientSecurity
 from aioworker.tokenizer import Tokenizer
-from aioworker.transport import all_group_endpoints, client_reply_endpoint
+from aioworker.transport import all_group_endpoints, client_reply_endpoint, local_address_towards
 
 
 def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams) -> int:
@@ -67,20 +66,8 @@ def _endpoints(connect: list[str], config: WorkerConfig) -> tuple[list[str], str
         runtime = msgspec.structs.replace(config.runtime, transport="ipc")
         return connect, client_reply_endpoint(runtime)
     if first.scheme == "tcp" and first.hostname:
-        return connect, f"tcp://{_local_address_towards(first.hostname)}:*"
+        return connect, f"tcp://{local_address_towards(first.hostname)}:*"
     raise ValueError(f"--connect {connect[0]!r} is not an ipc:// or tcp://host:port endpoint")
-
-
-def _local_address_towards(host: str) -> str:
-    """The address of this machine that `host` can reach us at (no packet is sent)."""
-    if host in ("127.0.0.1", "localhost"):
-        return "127.0.0.1"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
 
 
 def _tokenizer(config: WorkerConfig) -> Tokenizer | None:
