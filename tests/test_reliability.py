@@ -235,3 +235,29 @@ def admin_status_ready(config) -> bool:
 
     reply = admin(config, "status")
     return reply is not None and reply.data["state"] == "READY"
+
+
+def test_json_logs_carry_rank_and_pid() -> None:
+    import json
+
+    import zmq
+
+    from aioworker.transport import group_endpoints
+
+    config, set_args = deployment(**{"runtime.log_format": "json"})
+    worker = start_worker(0, set_args, "--fake-executor")
+    try:
+        wait_ready(config, [worker])
+        context = zmq.Context()
+        tasks = context.socket(zmq.PUSH)
+        tasks.connect(group_endpoints(config.runtime, 0, 1).tasks)
+        tasks.send_multipart([b"not a message"])  # logged as a dropped frame
+        time.sleep(0.5)
+        tasks.close(linger=0)
+        context.term()
+    finally:
+        worker.terminate()
+        worker.wait(10)
+    records = [json.loads(line) for line in read_log(worker).splitlines() if line.startswith("{")]
+    assert records and all(r["rank"] == "0.0" and r["pid"] == worker.pid for r in records)
+    assert any("dropped 1 malformed frames" in r["message"] for r in records)
