@@ -30,7 +30,6 @@ class FakeExecutor:
     def __init__(self, fail_at_step: int | None = None, step_seconds: float = 0.0) -> None:
         self.fail_at_step = fail_at_step
         self.step_seconds = step_seconds
-        self.num_steps = 0
         self._pending: queue.SimpleQueue | None = None
         if step_seconds > 0:
             self._pending = queue.SimpleQueue()
@@ -38,7 +37,6 @@ class FakeExecutor:
 
     def submit(self, plan: StepPlan) -> Future[StepResult]:
         future: Future[StepResult] = Future()
-        self.num_steps += 1
         if self._pending is not None:
             self._pending.put((plan, future))
         else:

@@ -39,7 +39,7 @@ class CudaModelRunner(ModelRunner):
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.scratch_row, self.scratch_block = max_num_seqs, num_blocks
+        self.scratch_row = max_num_seqs  # its block-table entries all point at block num_blocks
         self.block_table_matrix = torch.full(
             (max_num_seqs + 1, self.max_blocks_per_seq),
             num_blocks,

@@ -19,7 +19,7 @@ VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
 MAX_FRAME_BYTES = 64 << 20
-MAX_ID_LENGTH = 256
+MAX_REQUEST_ID_LENGTH = 256
 
 
 class ProtocolError(ValueError):

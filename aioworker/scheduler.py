@@ -115,10 +115,6 @@ class Scheduler:
         return count
 
     @property
-    def num_unfinished(self) -> int:
-        return len(self.seqs)
-
-    @property
     def has_work(self) -> bool:
         return bool(self.seqs)
 

@@ -60,11 +60,6 @@ def main() -> None:
         engine.executor.call(lambda: None).result()
         steps()
         torch.cuda.synchronize()
-    events = [
-        e
-        for e in prof.key_averages()
-        if e.device_type.name == "CUDA" or getattr(e, "device_time_total", 0) > 0
-    ]
     kernels = sum(
         e.count
         for e in prof.key_averages()
@@ -75,7 +70,6 @@ def main() -> None:
         f"GPU time per step {total_gpu_us / n / 1e3:.3f} ms; kernels per step (approx) {kernels / n:.0f}"
     )
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15))
-    del events
     engine.close()
 
 

@@ -14,9 +14,8 @@ from typing import Any
 import zmq
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
-from aioworker.config import ConfigError, WorkerConfig
+from aioworker.config import ConfigError, RuntimeOptions, WorkerConfig
 from aioworker.protocol import ADMIN_REPLY_DECODER, AdminReply, AdminRequest, ProtocolError, encode
-from aioworker.runtime.admin import DEFAULT_DRAIN_DEADLINE_S
 from aioworker.security import ClientSecurity
 from aioworker.transport import group_endpoints
 
@@ -32,7 +31,7 @@ COMMANDS: dict[str, tuple[str | None, str, str]] = {
         "optional",
         "drain [DEADLINE_S]",
         "refuse new requests, finish those in flight, then stop; abort what still runs "
-        f"after DEADLINE_S seconds (default {DEFAULT_DRAIN_DEADLINE_S:g})",
+        f"after DEADLINE_S seconds (default {RuntimeOptions().drain_timeout_s:g}, runtime.drain_timeout_s)",
     ),
     "abort": ("required", "abort REQUEST_ID", "abort one request; its client gets 'abort'"),
     "shutdown": (None, "shutdown", "abort every request and stop the group now"),

@@ -11,7 +11,6 @@ from aioworker.runtime.state import RankState
 if TYPE_CHECKING:
     from aioworker.runtime.driver import Driver
 
-DEFAULT_DRAIN_DEADLINE_S = 60.0
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

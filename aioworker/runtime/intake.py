@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import msgspec
 
 from aioworker.protocol import (
+    MAX_REQUEST_ID_LENGTH,
     TASK_DECODER,
     AbortRequest,
     Outputs,
@@ -27,7 +28,6 @@ from aioworker.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_ID_LENGTH = 256
 # Frames taken from a socket before other coroutines get a turn.
 YIELD_EVERY = 32
 
