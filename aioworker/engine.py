@@ -12,13 +12,13 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from aioworker.block_manager import BlockManager
+from aioworker.checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
 from aioworker.config import WorkerConfig
-from aioworker.requests import RequestValidator
-from aioworker.sampling_params import SamplingParams
-from aioworker.scheduler import Scheduler
-from aioworker.sequence import FinishReason, Sequence
-from aioworker.tokenizer import IncrementalDetokenizer, Tokenizer
+from aioworker.core.admission import RequestValidator
+from aioworker.core.block_manager import BlockManager
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.scheduler import Scheduler
+from aioworker.core.sequence import FinishReason, Sequence
 
 
 @dataclass(slots=True)
@@ -66,7 +66,7 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: WorkerConfig, progress: bool = True) -> LLMEngine:
-        from aioworker.rank_setup import build_rank  # torch enters here, not at import
+        from aioworker.compute.build_rank import build_rank  # torch enters here, not at import
 
         executor, spec = build_rank(config, progress=progress)
         tokenizer = (

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from aioworker.checkpoint.source import resolve_model_path
 from aioworker.config import load_config
-from aioworker.model_source import resolve_model_path
 
 # Enough KV cache for every test prompt, small enough to allocate fast.
 EMBEDDED_OVERRIDES = {"cache.num_blocks": 512, "model.max_model_len": 2048}

@@ -10,10 +10,10 @@ import json
 import sys
 
 from aioworker.cli.admin import send
+from aioworker.compute.loader import checkpoint_files, iterate_checkpoint
+from aioworker.compute.weights.ipc import describe
 from aioworker.config import load_config
-from aioworker.ipc_weights import describe
-from aioworker.loader import checkpoint_files, iterate_checkpoint
-from aioworker.protocol import AdminRequest
+from aioworker.wire.protocol import AdminRequest
 
 
 def main(checkpoint: str, runtime_name: str, version: int) -> None:

@@ -41,7 +41,7 @@ def test_missing_config_file() -> None:
 
 
 def test_rank_hosts_place_each_groups_sockets_on_its_driver() -> None:
-    from aioworker.transport import group_endpoints
+    from aioworker.wire.transport import group_endpoints
 
     hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     cfg = load_config(

@@ -9,10 +9,10 @@ import random
 import msgspec
 import pytest
 
-from aioworker.model_config import ModelConfigError
-from aioworker.model_source import ModelNotFoundError
-from aioworker.sampling_params import InvalidRequestError, SamplingParams
-from aioworker.sequence import FinishReason
+from aioworker.checkpoint.model_config import ModelConfigError
+from aioworker.checkpoint.source import ModelNotFoundError
+from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
+from aioworker.core.sequence import FinishReason
 from tests.conftest import make_engine
 
 NUM_TOKENS = 24

@@ -12,7 +12,7 @@ import uuid
 from contextlib import contextmanager
 
 from aioworker.config import WorkerConfig, load_config
-from aioworker.protocol import AdminRequest
+from aioworker.wire.protocol import AdminRequest
 
 FAST_BEATS = {"runtime.heartbeat_interval_s": 0.2}
 

@@ -12,7 +12,7 @@ import torch
 
 from aioworker.bench.gpu import _copy_bytes_per_s, _time_cuda
 from aioworker.bench.report import format_table
-from aioworker.layers.attention.triton_decode import choose_num_splits, paged_decode
+from aioworker.compute.layers.attention.triton_decode import choose_num_splits, paged_decode
 
 
 def cache(num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim: int):

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from aioworker.bench.gpu import LLAMA_8B
 from aioworker.bench.report import format_table
-from aioworker.model_config import load_model_config
+from aioworker.checkpoint.model_config import load_model_config
 from tests.workers import admin, deployment, start_worker, stop, wait_ready
 
 

@@ -6,8 +6,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 out="${OUT:-/tmp}"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_triton_decode.py tests/test_fused.py > "$out/kernel_tests.log" 2>&1
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$out/gpu_tests.log" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/compute/test_triton_decode.py tests/compute/test_fused.py > "$out/kernel_tests.log" 2>&1
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/compute/test_gpu.py > "$out/gpu_tests.log" 2>&1
 fi
 ref="--no-reference"; [ "${REF:-0}" = 1 ] && ref=""
 for w in ${BENCH:-w4}; do

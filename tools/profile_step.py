@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from aioworker.bench.gpu import MODELS, make_engine, random_prompt
-from aioworker.sampling_params import SamplingParams
+from aioworker.core.sampling_params import SamplingParams
 
 
 def main() -> None:

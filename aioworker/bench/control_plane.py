@@ -23,11 +23,11 @@ import zmq
 import zmq.asyncio
 
 from aioworker.cli.admin import send as admin_send
-from aioworker.client import Client
 from aioworker.config import WorkerConfig, load_config
-from aioworker.protocol import RESULT_DECODER, AdminRequest, SubmitRequest, encode
-from aioworker.sampling_params import SamplingParams
-from aioworker.transport import client_reply_endpoint, group_endpoints
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import Client
+from aioworker.wire.protocol import RESULT_DECODER, AdminRequest, SubmitRequest, encode
+from aioworker.wire.transport import client_reply_endpoint, group_endpoints
 
 ONE_TOKEN = SamplingParams(max_tokens=1)
 

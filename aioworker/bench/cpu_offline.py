@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.sampling_params import SamplingParams
+from aioworker.core.sampling_params import SamplingParams
 
 B1_PROMPT, B1_TOKENS = 32, 128
 C16_REQUESTS, C16_PROMPT, C16_TOKENS = 16, 64, 64

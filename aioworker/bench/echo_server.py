@@ -13,7 +13,7 @@ import time
 import msgspec
 import zmq
 
-from aioworker.protocol import TASK_DECODER, Outputs, TokenDelta, encode
+from aioworker.wire.protocol import TASK_DECODER, Outputs, TokenDelta, encode
 
 
 def serve(mode: str, task_endpoint: str) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.config import load_config
-from aioworker.model_config import ModelConfig
-from aioworker.sampling_params import SamplingParams
+from aioworker.core.sampling_params import SamplingParams
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 LLAMA_8B, QWEN3_06B = MODELS / "llama-3.1-8b", MODELS / "qwen3-0.6b"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aioworker.bench import gpu, gpu_reference
 from aioworker.bench.report import format_table
-from aioworker.model_config import load_model_config
+from aioworker.checkpoint.model_config import load_model_config
 
 
 def run_w4(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:

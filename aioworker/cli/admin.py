@@ -15,9 +15,15 @@ import zmq
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, RuntimeOptions, WorkerConfig
-from aioworker.protocol import ADMIN_REPLY_DECODER, AdminReply, AdminRequest, ProtocolError, encode
-from aioworker.security import ClientSecurity
-from aioworker.transport import group_endpoints
+from aioworker.wire.protocol import (
+    ADMIN_REPLY_DECODER,
+    AdminReply,
+    AdminRequest,
+    ProtocolError,
+    encode,
+)
+from aioworker.wire.security import ClientSecurity
+from aioworker.wire.transport import group_endpoints
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

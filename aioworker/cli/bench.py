@@ -104,8 +104,8 @@ def run_offline(args: argparse.Namespace) -> int:
         return fail("the baseline needs transformers: pip install -e '.[dev]'")
     from aioworker.bench import cpu_offline
     from aioworker.bench.report import append_to_doc, format_table
+    from aioworker.compute.build_rank import _DTYPES
     from aioworker.engine import LLMEngine
-    from aioworker.rank_setup import _DTYPES
 
     engine = LLMEngine.from_config(config)
     vocab_size = engine.spec.model_config.vocab_size

@@ -23,8 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aioworker.gguf_import import GGUFImportError, convert_gguf
-    from aioworker.model_source import ModelNotFoundError, embedded_gguf_path, resolve_model_path
+    from aioworker.checkpoint.gguf_import import GGUFImportError, convert_gguf
+    from aioworker.checkpoint.source import (
+        ModelNotFoundError,
+        embedded_gguf_path,
+        resolve_model_path,
+    )
 
     try:
         if args.out is None:

@@ -12,7 +12,7 @@ import sys
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.cli.generate_output import ResultPrinter
 from aioworker.config import ConfigError
-from aioworker.sampling_params import InvalidRequestError, SamplingParams
+from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 
 class _AppendEndpoint(argparse.Action):

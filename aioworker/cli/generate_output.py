@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from aioworker.tokenizer import IncrementalDetokenizer, Tokenizer
+from aioworker.checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class ResultPrinter:

@@ -8,14 +8,18 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.cli.common import fail
 from aioworker.cli.generate_output import ResultPrinter
-from aioworker.client import Client
 from aioworker.config import WorkerConfig
-from aioworker.sampling_params import SamplingParams
-from aioworker.security import ClientSecurity
-from aioworker.tokenizer import Tokenizer
-from aioworker.transport import all_group_endpoints, client_reply_endpoint, local_address_towards
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import Client
+from aioworker.wire.security import ClientSecurity
+from aioworker.wire.transport import (
+    all_group_endpoints,
+    client_reply_endpoint,
+    local_address_towards,
+)
 
 
 def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams) -> int:
@@ -71,7 +75,7 @@ def _endpoints(connect: list[str], config: WorkerConfig) -> tuple[list[str], str
 
 
 def _tokenizer(config: WorkerConfig) -> Tokenizer | None:
-    from aioworker.model_source import resolve_model_path
+    from aioworker.checkpoint.source import resolve_model_path
 
     model_dir = resolve_model_path(config.model.path)
     return Tokenizer(model_dir) if (model_dir / "tokenizer.json").is_file() else None

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
-from aioworker.protocol import RESULT_DECODER, TASK_DECODER, Outputs, ProtocolError, SubmitRequest
+from aioworker.wire.protocol import (
+    RESULT_DECODER,
+    TASK_DECODER,
+    Outputs,
+    ProtocolError,
+    SubmitRequest,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

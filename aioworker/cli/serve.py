@@ -13,8 +13,8 @@ import signal
 import sys
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.cli.launcher import ChildSpec, Launcher
 from aioworker.config import ConfigError, WorkerConfig
-from aioworker.launcher import ChildSpec, Launcher
 
 DEFAULT_STOP_TIMEOUT_S = 90.0
 

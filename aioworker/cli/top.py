@@ -15,9 +15,15 @@ import zmq
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
-from aioworker.monitor import STALE_AFTER_INTERVALS, BeatTable, RankKey, expected_ranks, rank_label
-from aioworker.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
-from aioworker.transport import all_group_endpoints
+from aioworker.wire.health import (
+    STALE_AFTER_INTERVALS,
+    BeatTable,
+    RankKey,
+    expected_ranks,
+    rank_label,
+)
+from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
+from aioworker.wire.transport import all_group_endpoints
 
 CLEAR_SCREEN = "\x1b[2J\x1b[H"
 # --once waits this many heartbeat intervals (at least ONCE_MIN_WAIT_S) for every rank to beat.

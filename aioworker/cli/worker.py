@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--rank {args.rank} is outside this deployment's {config.world_size} rank(s)")
     group, local_rank = divmod(args.rank, tp)
     if local_rank == 0:
-        from aioworker.security import ServerSecurity
+        from aioworker.wire.security import ServerSecurity
 
         try:
             ServerSecurity.from_config(config)  # key files: a bad one is a config error (exit 2)
@@ -53,18 +53,20 @@ def run(args: argparse.Namespace) -> int:
             return fail(str(exc))
     setup_logging(config, f"{group}.{local_rank}", args.log_level)
 
-    from aioworker.runtime.app import run_rank
-    from aioworker.transport import group_endpoints
+    from aioworker.runtime.rank_main import run_rank
+    from aioworker.wire.transport import group_endpoints
 
     dist_init = group_endpoints(config.runtime, group, tp).dist_init
 
     def build(report_phase):
         if args.fake_executor:
-            from aioworker.fake_executor import build_fake
+            from aioworker.core.fake_executor import build_fake
 
             return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
-        from aioworker.parallel import TensorParallel  # torch enters here, on the load thread
-        from aioworker.rank_setup import build_rank
+        from aioworker.compute.build_rank import build_rank
+        from aioworker.compute.parallel import (
+            TensorParallel,  # torch enters here, on the load thread
+        )
 
         return build_rank(
             config,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aioworker.protocol import AdminReply, AdminRequest
 from aioworker.runtime.state import RankState
+from aioworker.wire.protocol import AdminReply, AdminRequest
 
 if TYPE_CHECKING:
     from aioworker.runtime.driver import Driver

@@ -11,8 +11,22 @@ import time
 
 import zmq
 
-from aioworker.block_manager import BlockManager
-from aioworker.protocol import (
+from aioworker.core.admission import RequestValidator
+from aioworker.core.block_manager import BlockManager
+from aioworker.core.scheduler import Scheduler, SeqOutput
+from aioworker.runtime import admin
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.hung import watch_for_hung_steps
+from aioworker.runtime.intake import Request, RequestIntake
+from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.metrics import WorkerMetrics
+from aioworker.runtime.rank import FatalError, RankProgram
+from aioworker.runtime.recorder import Recorder
+from aioworker.runtime.results import ResultSender
+from aioworker.runtime.state import ExitCode, RankState
+from aioworker.runtime.stats import RecentMean
+from aioworker.runtime.weights import WeightsCoordinator
+from aioworker.wire.protocol import (
     ACK_DECODER,
     ADMIN_DECODER,
     AdminReply,
@@ -26,21 +40,7 @@ from aioworker.protocol import (
     WeightsAck,
     encode,
 )
-from aioworker.requests import RequestValidator
-from aioworker.runtime import admin
-from aioworker.runtime.drops import DropCounter
-from aioworker.runtime.hung import watch_for_hung_steps
-from aioworker.runtime.intake import Request, RequestIntake
-from aioworker.runtime.liveness import LivenessWatch, watch_socket
-from aioworker.runtime.metrics import WorkerMetrics
-from aioworker.runtime.program import FatalError, RankProgram
-from aioworker.runtime.recorder import Recorder
-from aioworker.runtime.results import ResultSender
-from aioworker.runtime.state import ExitCode, RankState
-from aioworker.runtime.stats import RecentMean
-from aioworker.runtime.weights import WeightsCoordinator
-from aioworker.scheduler import Scheduler, SeqOutput
-from aioworker.security import ServerSecurity, stop_authenticator
+from aioworker.wire.security import ServerSecurity, stop_authenticator
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import zmq.asyncio
 
-from aioworker.protocol import Heartbeat, encode
+from aioworker.wire.protocol import Heartbeat, encode
 
 log = logging.getLogger(__name__)
 

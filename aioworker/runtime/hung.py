@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 
-from aioworker.runtime.program import FatalError
+from aioworker.runtime.rank import FatalError
 from aioworker.runtime.state import ExitCode
 
 log = logging.getLogger(__name__)

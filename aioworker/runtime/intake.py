@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from aioworker.protocol import (
+from aioworker.core.sampling_params import InvalidRequestError
+from aioworker.core.sequence import Sequence
+from aioworker.runtime.results import InvalidReplyEndpoint
+from aioworker.runtime.state import RankState
+from aioworker.wire.protocol import (
     MAX_REQUEST_ID_LENGTH,
     TASK_DECODER,
     AbortRequest,
@@ -20,11 +24,7 @@ from aioworker.protocol import (
     SubmitRequest,
     TokenDelta,
 )
-from aioworker.runtime.results import InvalidReplyEndpoint
-from aioworker.runtime.state import RankState
-from aioworker.sampling_params import InvalidRequestError
-from aioworker.security import recv_with_client_key
-from aioworker.sequence import Sequence
+from aioworker.wire.security import recv_with_client_key
 
 log = logging.getLogger(__name__)
 

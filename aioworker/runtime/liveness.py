@@ -9,9 +9,9 @@ import time
 import zmq
 import zmq.asyncio
 
-from aioworker.protocol import HEARTBEAT_DECODER, ProtocolError
-from aioworker.runtime.program import FatalError
+from aioworker.runtime.rank import FatalError
 from aioworker.runtime.state import ExitCode
+from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
 
 STALE_AFTER_INTERVALS = 3
 

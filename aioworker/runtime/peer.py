@@ -10,7 +10,12 @@ import time
 
 import zmq
 
-from aioworker.protocol import (
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.hung import watch_for_hung_steps
+from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.rank import FatalError, RankProgram
+from aioworker.runtime.state import ExitCode, RankState
+from aioworker.wire.protocol import (
     CONTROL_DECODER,
     PeerFailed,
     PeerReady,
@@ -21,11 +26,6 @@ from aioworker.protocol import (
     WeightsStatus,
     encode,
 )
-from aioworker.runtime.drops import DropCounter
-from aioworker.runtime.hung import watch_for_hung_steps
-from aioworker.runtime.liveness import LivenessWatch, watch_socket
-from aioworker.runtime.program import FatalError, RankProgram
-from aioworker.runtime.state import ExitCode, RankState
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 
 import zmq
 
-from aioworker.protocol import encode
 from aioworker.runtime.drops import DropCounter
+from aioworker.wire.protocol import encode
 
 log = logging.getLogger(__name__)
 

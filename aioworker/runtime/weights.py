@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from aioworker.protocol import AdminReply, AdminRequest, WeightsAck, WeightsStatus, encode
-from aioworker.raw_safetensors import write_safetensors
+from aioworker.runtime.pushed_tensors import write_safetensors
 from aioworker.runtime.state import RankState
+from aioworker.wire.protocol import AdminReply, AdminRequest, WeightsAck, WeightsStatus, encode
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Model name, .gguf file or directory -> a model directory with its config and tokenizer."""

@@ -1,0 +1,254 @@
+"""Build one rank's compute: resolve the model, pick device and dtype, build the model on the
+executor thread, load weights, size and allocate the KV cache.
+
+Returns the executor and a torch-free `RankSpec` the scheduler side needs (block counts,
+lengths, vocabulary, EOS ids).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from aioworker.checkpoint.model_config import ModelConfig, load_model_config
+from aioworker.checkpoint.source import resolve_model_path
+from aioworker.compute.executor_thread import Executor
+from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
+from aioworker.compute.kv_profile import profile_num_blocks
+from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.attention import TorchAttentionBackend
+from aioworker.compute.loader import (
+    checkpoint_files,
+    count_tensors,
+    init_dummy_weights,
+    iterate_checkpoint,
+    load_weights,
+)
+from aioworker.compute.models.llama import LlamaForCausalLM
+from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
+from aioworker.compute.runner import ModelRunner
+from aioworker.compute.sampler import Sampler
+from aioworker.compute.weights.memory import DeviceMemory
+from aioworker.config import WorkerConfig
+from aioworker.core.loaded_rank import RankSpec
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CacheTooSmallError(ValueError):
+    """The KV cache cannot hold one sequence of max_model_len tokens."""
+
+
+def pick_device(kind: str, index: int = 0) -> torch.device:
+    """`index` is the rank's number on its host: each GPU rank takes its own device."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind != "cuda":
+        return torch.device(kind)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "device.kind is 'cuda' but torch sees no CUDA device; use 'cpu' or 'auto'"
+        )
+    return torch.device("cuda", index % torch.cuda.device_count())
+
+
+def pick_dtype(name: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32  # bf16 matmuls are slow on most CPUs
+    return _DTYPES.get(cfg.dtype, torch.bfloat16) if cfg.dtype != "float32" else torch.bfloat16
+
+
+def build_rank(
+    config: WorkerConfig,
+    tp: TensorParallel = SINGLE,
+    progress: bool = True,
+    dist_init: str | None = None,
+    device_index: int = 0,
+    report_phase: Callable[[str], None] | None = None,
+) -> tuple[Executor, RankSpec]:
+    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
+    started = time.monotonic()
+    model_dir = resolve_model_path(config.model.path, progress)
+    cfg = load_model_config(model_dir)
+    device = pick_device(config.device.kind, device_index)
+    dtype = pick_dtype(config.model.dtype, device, cfg)
+    max_model_len = config.model.max_model_len or cfg.max_position_embeddings
+    if config.device.num_threads and device.type == "cpu":
+        torch.set_num_threads(config.device.num_threads)
+    executor = Executor(device)
+    try:
+        if tp.size > 1:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            executor.call(
+                lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
+            ).result()
+        build = _Build(
+            config,
+            cfg,
+            model_dir,
+            device,
+            dtype,
+            max_model_len,
+            tp,
+            progress,
+            report_phase or _ignore,
+        )
+        num_blocks = executor.call(lambda: _build_runner(executor, build)).result()
+    except BaseException:
+        executor.shutdown()
+        raise
+    spec = RankSpec(
+        model_dir=model_dir,
+        model_config=cfg,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        num_blocks=num_blocks,
+        block_size=config.cache.block_size,
+        max_model_len=max_model_len,
+        load_seconds=time.monotonic() - started,
+    )
+    return executor, spec
+
+
+@dataclass(frozen=True)
+class _Build:
+    config: WorkerConfig
+    model_config: ModelConfig
+    model_dir: Path
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    tp: TensorParallel
+    progress: bool
+    report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
+
+
+def _build_runner(executor: Executor, build: _Build) -> int:
+    """Runs on the executor thread: the device's state is created where it will be used."""
+    config, device = build.config, build.device
+    model = _build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
+    if config.model.load_format == "dummy":
+        init_dummy_weights(model, config.model.seed)
+    else:
+        files = checkpoint_files(build.model_dir)
+        load_weights(
+            model, iterate_checkpoint(files), total=count_tensors(files), progress=build.progress
+        )
+    if config.device.cpu_packed_weights and cpu_packing.is_available(device):
+        cpu_packing.pack_model(model)
+    if device.type == "cuda" and config.device.attention_backend != "torch":
+        return _build_cuda_runner(executor, model, build)
+    layers = model.attention_layers()
+    num_blocks = _num_blocks(
+        config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
+    )
+    allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device)
+    backend = TorchAttentionBackend(config.cache.block_size, build.model_config.sliding_window)
+    executor.runner = ModelRunner(
+        model, backend, Sampler(config.model.seed, device), device, build.tp
+    )
+    executor.runner.memory = DeviceMemory(
+        executor.runner,
+        lambda: allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device),
+    )
+    return num_blocks
+
+
+def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
+    from aioworker.compute.cuda_runner import CudaModelRunner
+    from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
+
+    config, device = build.config, build.device
+    window = build.model_config.sliding_window
+    if window is not None and window < build.max_model_len:
+        raise ValueError(
+            f"the model attends within a sliding window of {window} tokens, which the CUDA "
+            "backends do not implement; set device.attention_backend = 'torch', or "
+            f"model.max_model_len <= {window}"
+        )
+
+    def runner(num_blocks: int, capture: int = 0):
+        return CudaModelRunner(
+            model,
+            select_cuda_backend(config.device.attention_backend, config.cache.block_size),
+            Sampler(config.model.seed, device),
+            device,
+            build.tp,
+            block_size=config.cache.block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_model_len=build.max_model_len,
+            max_capture_batch_size=capture,
+        )
+
+    num_blocks = config.cache.num_blocks
+    if not num_blocks:
+        build.report_phase("PROFILING")
+        num_blocks = profile_num_blocks(
+            runner, model, config, build.model_config, build.dtype, device
+        ).num_blocks
+    _check_holds_one_sequence(
+        num_blocks, config.cache.block_size, build.max_model_len, "gpu_memory_utilization"
+    )
+
+    # One block more than the scheduler may use: the scratch block of padded graph rows.
+    def allocate_cache() -> None:
+        layers = model.attention_layers()
+        allocate_kv_cache(layers, num_blocks + 1, config.cache.block_size, build.dtype, device)
+
+    allocate_cache()
+    capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
+    executor.runner = runner(num_blocks, capture)
+    executor.runner.memory = DeviceMemory(executor.runner, allocate_cache)
+    if executor.runner.graphs is not None:
+        build.report_phase("WARMING")
+        executor.runner.graphs.capture()
+    return num_blocks
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
+def _build_model(
+    cfg: ModelConfig, max_model_len: int, tp: TensorParallel, device, dtype
+) -> LlamaForCausalLM:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg, max_model_len, tp)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def _num_blocks(
+    config: WorkerConfig, cfg: ModelConfig, num_kv_heads: int, dtype, max_model_len: int
+) -> int:
+    block_size = config.cache.block_size
+    num_blocks = config.cache.num_blocks or num_blocks_for_bytes(
+        config.cache.cpu_cache_bytes, bytes_per_block(cfg, num_kv_heads, block_size, dtype)
+    )
+    _check_holds_one_sequence(num_blocks, block_size, max_model_len, "cpu_cache_bytes")
+    return num_blocks
+
+
+def _check_holds_one_sequence(
+    num_blocks: int, block_size: int, max_model_len: int, knob: str
+) -> None:
+    if num_blocks * block_size < max_model_len:
+        raise CacheTooSmallError(
+            f"the KV cache holds {num_blocks} blocks x {block_size} = {num_blocks * block_size} tokens, "
+            f"fewer than max_model_len ({max_model_len}); raise cache.{knob} or "
+            "cache.num_blocks, or lower model.max_model_len"
+        )

@@ -1,0 +1,88 @@
+"""The executor thread: it owns the device, the model, the KV cache and (on a GPU) its own CUDA
+stream. The asyncio loop and the offline engine meet it only through `submit(plan) -> Future`.
+
+Steps are launched on the executor thread and completed on a second thread that waits for each
+step's sampled tokens: so while step N runs on the GPU, step N+1 can already be launched behind
+it, and the GPU never waits for the host between steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from aioworker.core.plan import StepPlan, StepResult
+
+_STOP = object()
+
+
+class Executor:
+    def __init__(self, device: torch.device, name: str = "aioworker-executor") -> None:
+        self.device = device
+        self.runner = None  # set by `call(build)` on this thread
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._launched: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._completer = threading.Thread(
+            target=self._complete, name=f"{name}-completion", daemon=True
+        )
+        self._thread.start()
+        self._completer.start()
+
+    def submit(self, plan: StepPlan) -> Future[StepResult]:
+        future: Future = Future()
+        self._jobs.put((None, plan, future))
+        return future
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run any function on the executor thread (loading, profiling, weight updates)."""
+        future: Future = Future()
+        self._jobs.put((fn, None, future))
+        return future
+
+    def run_weights_op(self, message) -> Future:
+        """A weights update phase or a memory release / resume (a WeightsStatus), in order after
+        the steps already submitted; the future gives the bytes freed."""
+        from aioworker.compute.weights.phases import run_weights_op
+
+        return self.call(lambda: run_weights_op(self.runner, message))
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""
+        self._jobs.put(_STOP)
+        self._thread.join(timeout)
+        self._completer.join(timeout)
+        return not (self._thread.is_alive() or self._completer.is_alive())
+
+    def _run(self) -> None:
+        stream = None
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            while (job := self._jobs.get()) is not _STOP:
+                fn, plan, future = job
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    if plan is not None:
+                        self._launched.put((self.runner.launch(plan), future))
+                    else:
+                        future.set_result(fn())
+                except BaseException as exc:  # delivered to whoever awaits the future
+                    future.set_exception(exc)
+        self._launched.put(_STOP)
+
+    def _complete(self) -> None:
+        while (item := self._launched.get()) is not _STOP:
+            step, future = item
+            try:
+                future.set_result(step.result())
+            except BaseException as exc:
+                future.set_exception(exc)

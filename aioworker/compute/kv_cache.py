@@ -1,0 +1,36 @@
+"""KV cache tensors: per layer, K and V of shape [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+from __future__ import annotations
+
+import torch
+
+from aioworker.checkpoint.model_config import ModelConfig
+
+
+def bytes_per_block(
+    cfg: ModelConfig, num_kv_heads: int, block_size: int, dtype: torch.dtype
+) -> int:
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * block_size * num_kv_heads * cfg.head_dim * element_size
+
+
+def num_blocks_for_bytes(budget_bytes: int, block_bytes: int) -> int:
+    return max(0, budget_bytes // block_bytes)
+
+
+def allocate_kv_cache(
+    attention_layers: list,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Allocate one K and one V tensor per attention layer and bind them to the layer."""
+    caches = []
+    for layer in attention_layers:
+        shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+        k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        layer.k_cache, layer.v_cache = k_cache, v_cache
+        caches.append((k_cache, v_cache))
+    return caches

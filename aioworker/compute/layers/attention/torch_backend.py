@@ -1,0 +1,185 @@
+"""Paged attention with torch's scaled_dot_product_attention: one batched call for all decodes,
+one call per prefill chunk. Runs anywhere; used on the CPU and as the GPU reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from aioworker.compute.layers.attention.slots import SeqSlots, slot_mapping
+from aioworker.compute.layers.ops import norm_rope
+
+
+@dataclass
+class PrefillChunk:
+    token_start: int
+    num_tokens: int
+    # Slots of the whole visible context when part of it is already cached; None = no context.
+    context_slots: torch.Tensor | None
+    # Boolean "may attend" mask [n, context]; None = plain causal over the chunk itself.
+    mask: torch.Tensor | None
+
+
+@dataclass
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot of each input token
+    decode_token_idx: torch.Tensor | None  # [B] rows of the batch that decode one token
+    decode_is_whole_batch: bool
+    decode_block_ids: torch.Tensor | None  # [B * max_blocks] each decode's block table, padded
+    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] visible positions
+    prefills: list[PrefillChunk]
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def __init__(self, block_size: int, sliding_window: int | None) -> None:
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+
+    def build_metadata(self, seqs: list[SeqSlots], device: torch.device) -> TorchAttentionMetadata:
+        decode_rows = [i for i, s in enumerate(seqs) if s.num_tokens == 1]
+        token_starts = _token_starts(seqs)
+        prefills = [
+            self._prefill_chunk(seqs[i], token_starts[i], device)
+            for i in range(len(seqs))
+            if seqs[i].num_tokens > 1
+        ]
+        decode_block_ids = decode_mask = decode_idx = None
+        if decode_rows:
+            decode_block_ids, decode_mask = self._decode_context(
+                [seqs[i] for i in decode_rows], device
+            )
+            decode_idx = torch.tensor([token_starts[i] for i in decode_rows], device=device)
+        return TorchAttentionMetadata(
+            slot_mapping=torch.tensor(slot_mapping(seqs, self.block_size), device=device),
+            decode_token_idx=decode_idx,
+            decode_is_whole_batch=len(decode_rows) == len(seqs),
+            decode_block_ids=decode_block_ids,
+            decode_mask=decode_mask,
+            prefills=prefills,
+        )
+
+    def _decode_context(
+        self, seqs: list[SeqSlots], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Whole blocks are gathered (one index_select) and positions past the end masked out.
+        max_blocks = max(-(-(s.start_pos + 1) // self.block_size) for s in seqs)
+        block_ids = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            used = seq.block_table[:max_blocks]
+            block_ids[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+        key_pos = torch.arange(max_blocks * self.block_size)[None, :]
+        query_pos = torch.tensor([s.start_pos for s in seqs])[:, None]
+        mask = self._visible(query_pos, key_pos)
+        return block_ids.flatten().to(device), mask[:, None, None, :].to(device)
+
+    def _prefill_chunk(self, seq: SeqSlots, token_start: int, device: torch.device) -> PrefillChunk:
+        if seq.start_pos == 0 and self.sliding_window is None:
+            return PrefillChunk(token_start, seq.num_tokens, None, None)
+        context_len = seq.start_pos + seq.num_tokens
+        query_pos = torch.arange(seq.start_pos, context_len)[:, None]
+        mask = self._visible(query_pos, torch.arange(context_len)[None, :])
+        slots = torch.tensor(seq.context_slots(self.block_size), device=device)
+        return PrefillChunk(token_start, seq.num_tokens, slots, mask.to(device))
+
+    def _visible(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        visible = key_pos <= query_pos
+        if self.sliding_window is not None:
+            visible &= key_pos > query_pos - self.sliding_window
+        return visible
+
+    def prepare_qkv(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta):
+        """Per-head norm and rotary on q and k, and k, v into the cache; returns q, k."""
+        q, k = norm_rope(q, k, rope, q_norm, k_norm)
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        return q, k
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+        v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+        if meta.decode_is_whole_batch:
+            return self._decode(q, k_cache, v_cache, meta, scale)
+        out = torch.empty_like(q)
+        if meta.decode_token_idx is not None:
+            out[meta.decode_token_idx] = self._decode(
+                q[meta.decode_token_idx], k_cache, v_cache, meta, scale
+            )
+        for chunk in meta.prefills:
+            rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], k_flat, v_flat, chunk, scale)
+        return out
+
+    @staticmethod
+    def _decode(q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        # q: [B, Hq, D] -> context [B, L, Hkv, D] gathered block by block from the cache
+        batch, num_kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+        keys = k_cache.index_select(0, meta.decode_block_ids).view(
+            batch, -1, num_kv_heads, head_dim
+        )
+        values = v_cache.index_select(0, meta.decode_block_ids).view(
+            batch, -1, num_kv_heads, head_dim
+        )
+        if q.dtype == torch.float32:
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=meta.decode_mask,
+                scale=scale,
+                enable_gqa=True,
+            )
+            return out.squeeze(2)
+        return _grouped_decode(q, keys, values, meta.decode_mask, scale)
+
+    @staticmethod
+    def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+        # q: [n, Hq, D]; attention runs over heads as the batch: [H, n, D]
+        if chunk.context_slots is not None:
+            k, v = k_flat[chunk.context_slots], v_flat[chunk.context_slots]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.transpose(0, 1)
+
+
+def _grouped_decode(q, keys, values, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention as two matmuls per KV head group, softmax in float32. On the CPU this
+    beats SDPA's kernel for bf16/fp16 single-token queries several times over."""
+    # q: [B, Hq, D]; keys, values: [B, L, Hkv, D]; mask: [B, 1, 1, L]
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[2]
+    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim) * scale
+    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1)).float()  # [B, Hkv, G, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1).to(q.dtype)
+    return torch.matmul(probs, values.transpose(1, 2)).view(batch, num_heads, head_dim)
+
+
+def _token_starts(seqs: list[SeqSlots]) -> list[int]:
+    starts, total = [], 0
+    for seq in seqs:
+        starts.append(total)
+        total += seq.num_tokens
+    return starts

@@ -1,0 +1,143 @@
+"""Linear layers split across tensor-parallel ranks, each parameter carrying its own `weight_loader`.
+
+Column-parallel layers split output features (no communication); row-parallel layers split input
+features and all-reduce the partial sums. A column-parallel layer may hold several checkpoint
+tensors side by side (q/k/v, gate/up), so one matmul replaces several; the loader names the part
+by `shard_id`. Splits may be uneven (whole heads per rank), see TensorParallel.partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from aioworker.compute.layers import cpu_packing
+from aioworker.compute.parallel import Shard, TensorParallel
+
+
+def _parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+def _check_shape(expected: tuple[int, ...], loaded: torch.Tensor, name: str) -> None:
+    if tuple(loaded.shape) != expected:
+        raise ValueError(
+            f"{name}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {expected}"
+        )
+
+
+class ColumnParallelLinear(cpu_packing.PackableLinear, nn.Module):
+    """y = x W^T where this rank holds a slice of the rows of each part.
+
+    `parts` lists, per checkpoint tensor merged here, its full output size and this rank's slice.
+    """
+
+    def __init__(
+        self, in_features: int, parts: list[tuple[int, Shard]], bias: bool, tp: TensorParallel
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.parts = parts
+        sizes = [shard.size for _, shard in parts]
+        self.local_offsets = [0, *itertools.accumulate(sizes)][:-1]
+        self.weight = _parameter(sum(sizes), in_features)
+        self.weight.weight_loader = self.load_part
+        self.bias = _parameter(sum(sizes)) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self.load_part
+
+    def load_part(
+        self, param: nn.Parameter, loaded: torch.Tensor, name: str, shard_id: int = 0
+    ) -> None:
+        full_size, shard = self.parts[shard_id]
+        _check_shape((full_size, *param.shape[1:]), loaded, name)
+        local = param.data.narrow(0, self.local_offsets[shard_id], shard.size)
+        local.copy_(loaded.narrow(0, shard.start, shard.size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+
+def column_parallel(
+    in_features: int, out_sizes: list[int], bias: bool, tp: TensorParallel
+) -> ColumnParallelLinear:
+    """One or several (merged, e.g. gate and up) outputs, each split evenly across ranks."""
+    parts = [(size, tp.partition(size, "output features")) for size in out_sizes]
+    return ColumnParallelLinear(in_features, parts, bias, tp)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v in one matrix. Ranks take whole KV heads with their query heads (uneven if
+    need be); with fewer KV heads than ranks, a KV head is replicated and its queries split."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        tp: TensorParallel,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+            )
+        group = num_heads // num_kv_heads
+        if num_kv_heads >= tp.size:
+            kv = tp.partition(num_kv_heads, "num_key_value_heads")
+            q = Shard(kv.start * group, kv.size * group)
+        else:
+            replicas = tp.size // num_kv_heads
+            if tp.size % num_kv_heads or group % replicas:
+                raise ValueError(
+                    f"tensor-parallel size {tp.size} cannot share {num_kv_heads} KV heads of "
+                    f"{group} query heads each; use a size that divides or is a multiple of {num_kv_heads}"
+                )
+            kv = Shard(tp.rank // replicas, 1)
+            per_replica = group // replicas
+            q = Shard(kv.start * group + (tp.rank % replicas) * per_replica, per_replica)
+        self.head_dim = head_dim
+        self.num_heads, self.num_kv_heads = q.size, kv.size
+        self.q_shard = Shard(q.start * head_dim, q.size * head_dim)
+        kv_shard = Shard(kv.start * head_dim, kv.size * head_dim)
+        kv_total = num_kv_heads * head_dim
+        parts = [(num_heads * head_dim, self.q_shard), (kv_total, kv_shard), (kv_total, kv_shard)]
+        super().__init__(hidden_size, parts, bias, tp)
+
+
+class RowParallelLinear(cpu_packing.PackableLinear, nn.Module):
+    """y = x W^T with W's columns (input features) split; partial sums are all-reduced."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TensorParallel,
+        in_shard: Shard | None = None,
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.in_features = in_features
+        self.in_shard = in_shard or tp.partition(in_features, "input features")
+        self.weight = _parameter(out_features, self.in_shard.size)
+        self.weight.weight_loader = self.load_weight
+        self.bias = _parameter(out_features) if bias else None
+        if self.bias is not None:
+            self.bias.weight_loader = self.load_bias
+
+    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
+        _check_shape((param.shape[0], self.in_features), loaded, name)
+        param.data.copy_(loaded.narrow(1, self.in_shard.start, self.in_shard.size))
+
+    def load_bias(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
+        _check_shape(tuple(param.shape), loaded, name)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias joins once, after the reduction, not once per rank.
+        y = self.tp.all_reduce(self.matmul(x))
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,136 @@
+"""One Llama-family decoder: Llama (incl. Llama-3 rope scaling), Mistral, Qwen2 (q/k/v bias) and
+Qwen3 (per-head q/k RMSNorm) are variants of the same blocks, chosen by ModelConfig flags.
+
+Tokens of all scheduled sequences are flattened into one batch: activations are [T, D].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aioworker.checkpoint.model_config import ModelConfig
+from aioworker.compute.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
+from aioworker.compute.layers.norm import RMSNorm
+from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
+from aioworker.compute.layers.rotary import RotaryEmbedding
+from aioworker.compute.parallel import TensorParallel
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.qkv_bias, tp,
+        )  # fmt: skip
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.hidden_size,
+            False,
+            tp,
+            in_shard=self.qkv_proj.q_shard,
+        )
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.head_dim**-0.5
+        # Bound by the model runner once the KV cache is allocated.
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    def forward(
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn
+    ) -> torch.Tensor:
+        # x: [T, D]
+        num_tokens = x.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = attn.backend.prepare_qkv(
+            q, k, v, rope, self.q_norm, self.k_norm, self.k_cache, self.v_cache, attn.metadata
+        )
+        out = attn.backend.forward(q, k, v, self.k_cache, self.v_cache, attn.metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        size = cfg.intermediate_size
+        self.gate_up_proj = column_parallel(cfg.hidden_size, [size, size], cfg.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg, tp)
+
+    def forward(
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, residual, attn
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns this layer's MLP output and the residual stream before it is added: the next
+        layer (or the final norm) adds them, fused with its norm."""
+        x, residual = add_rms_norm(self.input_layernorm, x, residual)
+        x = self.self_attn(rope, x, attn)
+        x, residual = add_rms_norm(self.post_attention_layernorm, x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_model_len, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        x = self.embed_tokens(token_ids)
+        rope = self.rotary.cos_sin(positions)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(rope, x, residual, attn)
+        return add_rms_norm(self.norm, x, residual)[0]
+
+
+class LlamaForCausalLM(nn.Module):
+    # Checkpoint tensor name part -> (our merged parameter's name part, shard id).
+    packed_modules = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, max_model_len, tp)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        """token_ids, positions: [T] -> final hidden states [T, D]."""
+        return self.model(token_ids, positions, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def attention_layers(self) -> list[LlamaAttention]:
+        return [layer.self_attn for layer in self.model.layers]

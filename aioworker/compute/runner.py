@@ -1,0 +1,171 @@
+"""Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
+
+Keeps, per running sequence, what plans send only once: its block table, prompt length and
+sampling spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from aioworker.compute.layers.attention import AttentionContext
+from aioworker.compute.layers.attention.slots import SeqSlots
+from aioworker.compute.parallel import TensorParallel
+from aioworker.compute.sampler import Sampler, SampleRow
+from aioworker.core.plan import PENDING_TOKEN, SamplingSpec, StepPlan, StepResult
+
+
+class PlanError(RuntimeError):
+    """A plan refers to state this rank does not have: the ranks have diverged."""
+
+
+@dataclass(slots=True)
+class _SeqState:
+    block_table: list[int]
+    num_prompt_tokens: int
+    sampling: SamplingSpec
+    last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
+
+
+class CompletedStep:
+    """A step whose result is already on the host (the CPU path runs steps synchronously)."""
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+
+    def result(self) -> StepResult:
+        return self._result
+
+
+@dataclass
+class StepInputs:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    attn: AttentionContext
+    sample_idx: torch.Tensor  # [S] rows of the batch whose next token is sampled
+    sample_rows: list[SampleRow]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend,
+        sampler: Sampler,
+        device: torch.device,
+        tp: TensorParallel,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.sampler = sampler
+        self.device = device
+        self.tp = tp
+        self.seqs: dict[int, _SeqState] = {}
+        self.memory = None  # a DeviceMemory, set when the rank is built
+        self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
+
+    def drop_graphs(self) -> None:
+        """Nothing to drop on the CPU; the CUDA runner frees its captured graphs."""
+
+    def recapture_graphs(self) -> None:
+        """Nothing to capture on the CPU."""
+
+    def launch(self, plan: StepPlan):
+        """Start a step; the returned object's result() gives its StepResult (here: at once)."""
+        return CompletedStep(self.execute(plan))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.apply_plan_state(plan)
+        if plan.is_empty:
+            return StepResult(plan.step_id, [])
+        inputs = self.prepare_inputs(plan)
+        hidden = self.model(inputs.token_ids, inputs.positions, inputs.attn)
+        if not inputs.sample_rows:
+            return StepResult(plan.step_id, [])
+        logits = self.model.compute_logits(hidden[inputs.sample_idx])
+        tokens = self.share_samples(
+            self.sampler(logits, inputs.sample_rows) if self.tp.is_driver else None,
+            len(inputs.sample_rows),
+        )
+        sampled_ids = [
+            s for s, do_sample in zip(plan.seq_ids, plan.sample, strict=True) if do_sample
+        ]
+        token_list = tokens.tolist()
+        for seq_id, token in zip(sampled_ids, token_list, strict=True):
+            self.seqs[seq_id].last_sampled = token
+        return StepResult(plan.step_id, token_list if self.tp.is_driver else [])
+
+    def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
+        """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the
+        next step's inputs. On the driver `tokens` is given; peers pass None and receive."""
+        if self.tp.size == 1:
+            return tokens
+        import torch.distributed as dist
+
+        if tokens is None:
+            tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
+        tokens = tokens.to(torch.int64)
+        dist.broadcast(tokens, src=0)
+        return tokens
+
+    def resolve_pending(self, plan: StepPlan) -> list[int]:
+        """The plan's input ids with each PENDING_TOKEN replaced by the token sampled for it."""
+        ids = plan.input_token_ids
+        if PENDING_TOKEN not in ids:
+            return ids
+        ids = list(ids)
+        end = 0
+        for seq_id, num_tokens in zip(plan.seq_ids, plan.num_scheduled_tokens, strict=True):
+            end += num_tokens
+            if ids[end - 1] == PENDING_TOKEN:
+                ids[end - 1] = self.seqs[seq_id].last_sampled
+        return ids
+
+    def apply_plan_state(self, plan: StepPlan) -> None:
+        for seq_id in plan.released_seq_ids:
+            self.seqs.pop(seq_id, None)
+        for new in plan.new_seqs:
+            self.seqs[new.seq_id] = _SeqState([], new.num_prompt_tokens, new.sampling)
+        for seq_id, block_ids in zip(plan.seq_ids, plan.new_block_ids, strict=True):
+            state = self.seqs.get(seq_id)
+            if state is None:
+                raise PlanError(
+                    f"step {plan.step_id} schedules sequence {seq_id}, unknown to this rank"
+                )
+            state.block_table.extend(block_ids)
+
+    def sample_rows(self, plan: StepPlan) -> tuple[list[int], list[SampleRow]]:
+        """Batch rows whose next token is sampled, and what each one samples with."""
+        sample_idx, rows = [], []
+        token_offset = 0
+        for seq_id, num_tokens, start, do_sample in zip(
+            plan.seq_ids, plan.num_scheduled_tokens, plan.start_positions, plan.sample, strict=True
+        ):
+            token_offset += num_tokens
+            if do_sample:
+                state = self.seqs[seq_id]
+                end = start + num_tokens
+                sample_idx.append(token_offset - 1)
+                rows.append(SampleRow(state.sampling, end, end - state.num_prompt_tokens))
+        return sample_idx, rows
+
+    def prepare_inputs(self, plan: StepPlan) -> StepInputs:
+        seq_slots, positions = [], []
+        for seq_id, num_tokens, start in zip(
+            plan.seq_ids, plan.num_scheduled_tokens, plan.start_positions, strict=True
+        ):
+            seq_slots.append(SeqSlots(num_tokens, start, self.seqs[seq_id].block_table))
+            positions.append(np.arange(start, start + num_tokens))
+        sample_idx, rows = self.sample_rows(plan)
+        device = self.device
+        return StepInputs(
+            token_ids=torch.tensor(self.resolve_pending(plan), dtype=torch.long, device=device),
+            positions=torch.from_numpy(np.concatenate(positions)).to(device),
+            attn=AttentionContext(self.backend, self.backend.build_metadata(seq_slots, device)),
+            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=device),
+            sample_rows=rows,
+        )

@@ -1,0 +1,95 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking.
+
+Sampling draws Exp(1) noise and takes argmax(p / noise), which picks token i with probability
+p_i. A seeded request draws its noise from a generator seeded by (seed, position of the token),
+so its tokens depend on nothing else in the batch and survive preemption and recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aioworker.core.plan import SamplingSpec
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(slots=True)
+class SampleRow:
+    spec: SamplingSpec
+    position: int  # index of the token being sampled in its sequence
+    num_output_tokens: int  # outputs before this one
+
+
+def derive_seed(seed: int, position: int) -> int:
+    """A well-mixed 63-bit seed for one (request seed, token position) pair (splitmix64)."""
+    z = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.batch_generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
+        logits = logits.float()
+        _mask_stop_tokens(logits, rows)
+        greedy_ids = logits.argmax(dim=-1)
+        if all(row.spec.temperature == 0.0 for row in rows):
+            return greedy_ids
+        temperatures = [row.spec.temperature or 1.0 for row in rows]
+        logits = logits / _on(logits.device, temperatures)[:, None]
+        logits = _apply_top_k_top_p(logits, rows)
+        probs = torch.softmax(logits, dim=-1)
+        sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
+        is_greedy = _on(logits.device, [row.spec.temperature == 0.0 for row in rows])
+        return torch.where(is_greedy, greedy_ids, sampled_ids)
+
+    def _noise(self, rows: list[SampleRow], vocab_size: int) -> torch.Tensor:
+        noise = torch.empty(len(rows), vocab_size, device=self.device)
+        noise.exponential_(generator=self.batch_generator)
+        for i, row in enumerate(rows):
+            if row.spec.seed is not None and row.spec.temperature > 0.0:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(derive_seed(row.spec.seed, row.position))
+                noise[i].exponential_(generator=generator)
+        return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def _on(device: torch.device, values: list) -> torch.Tensor:
+    """A small tensor on `device` without blocking the host: a pageable copy would wait for
+    the steps already queued on the stream, and the next step is launched behind this one."""
+    tensor = torch.tensor(values)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
+def _mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    for i, row in enumerate(rows):
+        if row.num_output_tokens < row.spec.min_tokens and row.spec.stop_token_ids:
+            logits[i, _on(logits.device, row.spec.stop_token_ids)] = float("-inf")
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    top_k = [row.spec.top_k for row in rows]
+    top_p = [row.spec.top_p for row in rows]
+    if not any(top_k) and all(p >= 1.0 for p in top_p):
+        return logits
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    k = _on(logits.device, [k or logits.shape[-1] for k in top_k])[:, None]
+    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    # top_p == 1 must keep everything, even where rounding pushes the cumulative mass past 1.
+    p = _on(logits.device, [p if p < 1.0 else float("inf") for p in top_p])[:, None]
+    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    sorted_logits = sorted_logits.masked_fill(mass_before >= p, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_ids, sorted_logits)

@@ -1,0 +1,274 @@
+"""Continuous batching under one token budget. Torch-free.
+
+Each step: running sequences first (oldest first: decodes and unfinished prompt chunks), then
+waiting ones while the budget, `max_num_seqs` and free KV blocks allow. A long prompt is cut
+into chunks that fit the budget. When a running sequence cannot grow, the newest running one is
+preempted: its blocks are freed and it is recomputed later from its tokens, which gives the
+same output because sampling depends only on a sequence's own tokens and seed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from aioworker.core.block_manager import BlockManager
+from aioworker.core.plan import PENDING_TOKEN, NewSeq, SamplingSpec, StepPlan, StepResult
+from aioworker.core.sequence import FinishReason, SeqStatus, Sequence
+
+# (request_id, sampled token, finish reason or None): a plain tuple, because update() makes
+# one per running sequence per step.
+SeqOutput = tuple[str, int, FinishReason | None]
+
+
+class _PlanBuilder:
+    """The lists of one StepPlan, filled sequence by sequence (the hot path at hundreds of seqs)."""
+
+    __slots__ = (
+        "seq_ids",
+        "num_tokens",
+        "starts",
+        "new_block_ids",
+        "sample",
+        "input_ids",
+        "new_seqs",
+    )
+
+    def __init__(self) -> None:
+        self.seq_ids: list[int] = []
+        self.num_tokens: list[int] = []
+        self.starts: list[int] = []
+        self.new_block_ids: list[list[int]] = []
+        self.sample: list[bool] = []
+        self.input_ids: list[int] = []
+        self.new_seqs: list[NewSeq] = []
+
+    def add(self, seq: Sequence, num_tokens: int, new_block_ids: list[int]) -> None:
+        start = seq.num_computed_tokens
+        end = start + num_tokens
+        known = len(seq.token_ids)
+        self.seq_ids.append(seq.seq_id)
+        self.num_tokens.append(num_tokens)
+        self.starts.append(start)
+        self.new_block_ids.append(new_block_ids)
+        if num_tokens == 1:
+            self.input_ids.append(seq.token_ids[start] if start < known else PENDING_TOKEN)
+        else:
+            self.input_ids.extend(seq.token_ids[start:end])
+            if end > known:  # only ever the last one: the token in flight
+                self.input_ids.append(PENDING_TOKEN)
+        seq.num_computed_tokens = end
+        is_last = end == known + seq.num_pending_tokens
+        self.sample.append(is_last)
+        if is_last:
+            seq.num_pending_tokens += 1
+
+
+_NO_BLOCKS: list[int] = []
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.seqs: dict[int, Sequence] = {}
+        self.num_preemptions = 0
+        # False holds waiting requests back (a weights update in `wait` mode lets the running
+        # ones finish first).
+        self.admit_new = True
+        self._released_seq_ids: list[int] = []
+        self._next_step_id = 0
+
+    # -- requests in and out ------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        if seq.seq_id in self.seqs:
+            raise ValueError(f"sequence {seq.seq_id} is already scheduled")
+        self.seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Finish a sequence now and free its blocks; None if it is unknown or already done."""
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return None
+        if seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        self._finish(seq, FinishReason.ABORT)
+        return seq
+
+    def preempt_all(self) -> int:
+        """Send every running sequence back to waiting (its KV cache is being freed); they are
+        recomputed from their tokens later. Returns how many."""
+        count = len(self.running)
+        while self.running:
+            self._preempt(self.running.pop())
+        return count
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.seqs)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        """The next step's plan, or None when nothing can run (plan ids stay consecutive)."""
+        builder = _PlanBuilder()
+        budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
+        if not preempted:
+            self._schedule_waiting(budget, builder)
+        return self._build_plan(builder) if builder.seq_ids else None
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[SeqOutput]:
+        """Append sampled tokens, finish sequences that stop; returns one output per sampled token."""
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
+        sampled = iter(result.sampled_token_ids)
+        outputs: list[SeqOutput] = []
+        find, running = self.seqs.get, SeqStatus.RUNNING  # locals: this loop runs per sequence
+        finished = False
+        for seq_id, do_sample in zip(plan.seq_ids, plan.sample, strict=True):
+            if not do_sample:
+                continue
+            token_id = next(sampled)
+            seq = find(seq_id)
+            if seq is None:
+                continue  # finished or aborted while the step ran
+            if seq.num_stale_tokens:
+                seq.num_stale_tokens -= 1  # sampled before a preemption: recomputed later
+                continue
+            seq.num_pending_tokens -= 1
+            seq.token_ids.append(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                self._finish(seq, reason, still_listed=True)
+                finished = True
+            outputs.append((seq.request_id, token_id, reason))
+        if finished:  # one pass instead of a list.remove per finished sequence
+            self.running = [seq for seq in self.running if seq.status is running]
+        return outputs
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _schedule_running(self, budget: int, builder: _PlanBuilder) -> tuple[int, bool]:
+        """Returns the budget left and whether anything was preempted."""
+        num_preemptions_before = self.num_preemptions
+        block_size = self.block_manager.block_size
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            index += 1
+            if self._finishes_with_pending(seq):
+                continue  # its token in flight is its last: nothing more to run
+            start = seq.num_computed_tokens
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_missing = -(-(start + num_tokens) // block_size) - len(seq.block_table)
+            if num_missing <= 0:
+                builder.add(seq, num_tokens, _NO_BLOCKS)
+            elif self._make_room(seq, num_missing):
+                builder.add(seq, num_tokens, self.block_manager.append_blocks(seq, num_missing))
+            else:
+                break  # `seq` itself was preempted, and so was every sequence after it
+            budget -= num_tokens
+        return budget, self.num_preemptions > num_preemptions_before
+
+    def _finishes_with_pending(self, seq: Sequence) -> bool:
+        """Whether the token in flight will end `seq` by length (a stop token cannot be known)."""
+        if not seq.num_pending_tokens:
+            return False
+        length = len(seq.token_ids) + seq.num_pending_tokens
+        return (
+            length - seq.num_prompt_tokens >= seq.params.max_tokens or length >= self.max_model_len
+        )
+
+    def _make_room(self, seq: Sequence, num_blocks: int) -> bool:
+        """Preempt the newest running sequences until `num_blocks` are free; False if `seq` went too."""
+        while self.block_manager.num_free_blocks < num_blocks:
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _schedule_waiting(self, budget: int, builder: _PlanBuilder) -> None:
+        while (
+            self.admit_new and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, seq.num_computed_tokens + num_tokens):
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
+            builder.add(seq, num_tokens, list(seq.block_table))
+            builder.new_seqs.append(_new_seq(seq))
+            budget -= num_tokens
+
+    def _build_plan(self, builder: _PlanBuilder) -> StepPlan:
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seq_ids=builder.seq_ids,
+            num_scheduled_tokens=builder.num_tokens,
+            start_positions=builder.starts,
+            new_block_ids=builder.new_block_ids,
+            sample=builder.sample,
+            input_token_ids=builder.input_ids,
+            new_seqs=builder.new_seqs,
+            released_seq_ids=self._released_seq_ids,
+        )
+        self._released_seq_ids = []
+        self._next_step_id += 1
+        return plan
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_stale_tokens += seq.num_pending_tokens
+        seq.num_pending_tokens = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self._released_seq_ids.append(seq.seq_id)
+        self.num_preemptions += 1
+
+    def _finish(self, seq: Sequence, reason: FinishReason, still_listed: bool = False) -> None:
+        """`still_listed`: the caller removes finished sequences from `running` itself."""
+        if seq.status is SeqStatus.RUNNING and not still_listed:
+            self.running.remove(seq)
+        if seq.block_table or seq.status is SeqStatus.RUNNING:
+            self._released_seq_ids.append(seq.seq_id)
+        self.block_manager.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        del self.seqs[seq.seq_id]
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        num_outputs = len(seq.token_ids) - seq.num_prompt_tokens
+        if token_id in seq.stop_token_ids and num_outputs > seq.params.min_tokens:
+            return FinishReason.STOP
+        if num_outputs >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+
+def _new_seq(seq: Sequence) -> NewSeq:
+    params = seq.params
+    spec = SamplingSpec(
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        min_tokens=params.min_tokens,
+        stop_token_ids=sorted(seq.stop_token_ids) if params.min_tokens else [],
+    )
+    return NewSeq(seq.seq_id, seq.num_prompt_tokens, spec)

@@ -1,0 +1,243 @@
+"""The async client library: submit requests to one or more worker groups, stream their outputs,
+abort them. Torch-free.
+
+    async with Client.from_config(config) as client:
+        stream = await client.submit(prompt_token_ids, SamplingParams(max_tokens=32))
+        async for out in stream:
+            print(out.token_ids, out.finish_reason)
+
+The client binds one PULL socket for results and connects a PUSH socket to each group's task
+endpoint. It sends each request to the group with the fewest of its requests in flight, so it
+always knows which group to send an abort to. With [security] keys (tcp), every one of these
+sockets uses CURVE: see security.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from aioworker.config import WorkerConfig
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.protocol import (
+    RESULT_DECODER,
+    AbortRequest,
+    Outputs,
+    ProtocolError,
+    SubmitRequest,
+    encode,
+)
+from aioworker.wire.security import ClientSecurity, stop_authenticator
+from aioworker.wire.transport import (
+    all_group_endpoints,
+    bound_endpoint,
+    client_reply_endpoint,
+    make_socket,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StreamOutput:
+    request_id: str
+    token_ids: list[int]
+    finish_reason: str | None
+    error: str | None
+    weights_version: int
+    group: int
+    step_id: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Completion:
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    group: int = -1
+
+
+class Client:
+    def __init__(
+        self,
+        task_endpoints: list[str],
+        reply_endpoint: str,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        if not task_endpoints:
+            raise ValueError("a client needs at least one group's task endpoint")
+        self.task_endpoints = task_endpoints
+        self.reply_endpoint = reply_endpoint
+        self.security = security or ClientSecurity()
+        self._queues: dict[str, asyncio.Queue[StreamOutput]] = {}
+        self._owner: dict[str, int] = {}
+        self._in_flight = [0] * len(task_endpoints)
+        self._round_robin = itertools.cycle(range(len(task_endpoints)))
+        self._started = False
+        # Outputs for requests that had already ended: must stay 0 (one terminal output each).
+        self.num_unexpected_outputs = 0
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> Client:
+        groups = all_group_endpoints(
+            config.runtime, config.parallel.tensor_parallel_size, config.parallel.data_parallel_size
+        )
+        return cls(
+            [g.tasks for g in groups],
+            client_reply_endpoint(config.runtime),
+            ClientSecurity.from_config(config),
+        )
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._context = zmq.asyncio.Context()
+        # Before the result socket binds: only the driver's key may deliver results.
+        self._authenticator = self.security.start_authenticator(self._context)
+        self._results = make_socket(
+            self._context,
+            zmq.PULL,
+            bind=self.reply_endpoint,
+            options=self.security.result_options(self.reply_endpoint),
+        )
+        self.reply_endpoint = bound_endpoint(self._results)
+        self._pushes = [
+            make_socket(
+                self._context, zmq.PUSH, connect=e, options=self.security.connect_options(e)
+            )
+            for e in self.task_endpoints
+        ]
+        self._reader = asyncio.ensure_future(self._read_results())
+        self._started = True
+
+    async def close(self) -> None:
+        if not self._started:
+            return
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        for sock in [self._results, *self._pushes]:
+            sock.close(linger=0)
+        stop_authenticator(self._authenticator)
+        self._context.term()
+        self._started = False
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        group: int | None = None,
+    ) -> AsyncIterator[StreamOutput]:
+        """Send a request; the iterator yields its outputs and ends after the terminal one."""
+        await self.start()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already in flight on this client")
+        group = self._pick_group() if group is None else group
+        queue: asyncio.Queue[StreamOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._owner[request_id] = group
+        self._in_flight[group] += 1
+        message = SubmitRequest(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            reply_to=self.reply_endpoint,
+        )
+        await self._pushes[group].send_multipart(encode(message))
+        return self._stream(request_id, queue)
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Completion:
+        stream = await self.submit(prompt_token_ids, params, request_id)
+        completion = Completion(request_id="")
+        async for out in stream:
+            completion.request_id, completion.group = out.request_id, out.group
+            completion.token_ids += out.token_ids
+            completion.finish_reason, completion.error = out.finish_reason, out.error
+        return completion
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the owning group to abort; the request's stream then ends with reason "abort"."""
+        group = self._owner.get(request_id)
+        if group is not None:
+            await self._pushes[group].send_multipart(encode(AbortRequest(request_id=request_id)))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._queues)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _pick_group(self) -> int:
+        fewest = min(self._in_flight)
+        while True:
+            group = next(self._round_robin)
+            if self._in_flight[group] == fewest:
+                return group
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[StreamOutput]
+    ) -> AsyncIterator[StreamOutput]:
+        while True:
+            out = await queue.get()
+            yield out
+            if out.finished:
+                return
+
+    async def _read_results(self) -> None:
+        while True:
+            await asyncio.sleep(0)  # let the consumers run between results that arrive in bursts
+            frames = await self._results.recv_multipart()
+            try:
+                message = RESULT_DECODER.decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed result frame: %s", exc)
+                continue
+            if not isinstance(message, Outputs):
+                log.error("a worker rejected one of our frames: %s", message.reason)
+                continue
+            for delta in message.deltas:
+                self._deliver(message, delta)
+
+    def _deliver(self, message: Outputs, delta) -> None:
+        queue = self._queues.get(delta.request_id)
+        if queue is None:
+            self.num_unexpected_outputs += 1
+            return
+        out = StreamOutput(
+            delta.request_id,
+            delta.token_ids,
+            delta.finish_reason,
+            delta.error,
+            delta.weights_version,
+            message.group,
+            message.step_id,
+        )
+        queue.put_nowait(out)
+        if out.finished:
+            del self._queues[delta.request_id]
+            owner = self._owner.pop(delta.request_id)
+            self._in_flight[owner] -= 1

@@ -1,0 +1,133 @@
+"""The latest heartbeat of every rank, and what it says: a rank's status, its table row, and
+whether a health probe should count it as unhealthy. Pure logic, no sockets, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aioworker.wire.protocol import Heartbeat
+
+# A rank whose last beat is older than this many of its own intervals is STALE (killed, frozen or
+# cut off); the drivers' own liveness watch uses the same bound.
+STALE_AFTER_INTERVALS = 3
+MISSING = "MISSING"
+STALE = "STALE"
+# A rank in a final state beats once more and then stops: it shows its state, never STALE.
+# A probe fails on these as on MISSING and STALE.
+FINAL_STATES = ("FAILED", "STOPPED")
+
+COLUMNS = (
+    "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "TOK/S", "WEIGHTS", "PID",
+    "AGE_S", "DETAIL",
+)  # fmt: skip
+
+RankKey = tuple[int, int]  # (group, rank inside the group)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    beat: Heartbeat
+    # time.monotonic() when the beat arrived here.
+    received_at: float
+
+
+def expected_ranks(tp_size: int, dp_size: int) -> list[RankKey]:
+    return [(group, rank) for group in range(dp_size) for rank in range(tp_size)]
+
+
+def rank_label(key: RankKey) -> str:
+    return f"{key[0]}.{key[1]}"
+
+
+def rank_status(seen: Seen | None, now: float) -> str:
+    """The beat's state, or MISSING (never beaten) or STALE (silent for too long)."""
+    if seen is None:
+        return MISSING
+    state = seen.beat.state
+    if state not in FINAL_STATES and is_stale(seen, now):
+        return STALE
+    return state
+
+
+def is_stale(seen: Seen, now: float) -> bool:
+    return now - seen.received_at > STALE_AFTER_INTERVALS * seen.beat.interval_s
+
+
+def unhealthy_reason(seen: Seen | None, now: float) -> str | None:
+    """Why a probe should fail on this rank, or None if it is healthy."""
+    status = rank_status(seen, now)
+    if status == MISSING:
+        return "MISSING: no heartbeat received"
+    assert seen is not None
+    age = now - seen.received_at
+    if status == STALE:
+        interval = seen.beat.interval_s
+        return f"STALE: last heartbeat {age:.1f}s ago; it beats every {interval:g}s"
+    if status in FINAL_STATES:
+        detail = f": {seen.beat.detail}" if seen.beat.detail else ""
+        return f"{status}{detail}"
+    return None
+
+
+def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
+    status = rank_status(seen, now)
+    if seen is None:
+        return (rank_label(key), status) + ("-",) * (len(COLUMNS) - 2)
+    beat = seen.beat
+    return (
+        rank_label(key),
+        status,
+        str(beat.step_id),
+        f"{beat.step_elapsed_s:.2f}",
+        str(beat.num_running),
+        str(beat.num_waiting),
+        f"{beat.kv_blocks_used}/{beat.kv_blocks_total}",
+        f"{beat.tokens_per_s:.1f}",
+        str(beat.weights_version),
+        str(beat.pid),
+        f"{now - seen.received_at:.1f}",
+        beat.detail,
+    )
+
+
+def format_table(rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns under the COLUMNS header; the last column (DETAIL) is not padded."""
+    lines = [COLUMNS, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+    return "\n".join(format_line(line, widths) for line in lines)
+
+
+def format_line(cells: tuple[str, ...], widths: list[int]) -> str:
+    padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=True)]
+    return "  ".join([*padded, cells[-1]]).rstrip()
+
+
+class BeatTable:
+    """The latest beat of every rank expected by the config (and of any other rank that beats)."""
+
+    def __init__(self, expected: list[RankKey]) -> None:
+        self.expected = expected
+        self.latest: dict[RankKey, Seen] = {}
+
+    def record(self, beat: Heartbeat, received_at: float) -> None:
+        self.latest[(beat.group, beat.rank)] = Seen(beat, received_at)
+
+    def has_all_beaten(self) -> bool:
+        return self.latest.keys() >= set(self.expected)
+
+    def keys(self) -> list[RankKey]:
+        return sorted(set(self.expected) | set(self.latest))
+
+    def rows(self, now: float) -> list[tuple[str, ...]]:
+        return [table_row(key, self.latest.get(key), now) for key in self.keys()]
+
+    def render(self, now: float) -> str:
+        return format_table(self.rows(now))
+
+    def unhealthy(self, now: float) -> dict[RankKey, str]:
+        """Rank -> why it is unhealthy, for every unhealthy rank."""
+        reasons = {key: unhealthy_reason(self.latest.get(key), now) for key in self.keys()}
+        return {key: reason for key, reason in reasons.items() if reason is not None}
+
+    def is_healthy(self, now: float) -> bool:
+        return not self.unhealthy(now)

@@ -1,0 +1,258 @@
+"""Every message on the wire: versioned msgspec Structs, one tagged union per channel.
+
+A message travels as two frames: the protocol version (one byte) and the msgpack body. Decoders
+are built once per channel; anything that fails to decode raises `ProtocolError` with a reason
+the receiver can send back or count. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from aioworker.core.plan import StepPlan
+from aioworker.core.sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+VERSION_FRAME = bytes([PROTOCOL_VERSION])
+
+# Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
+MAX_FRAME_BYTES = 64 << 20
+MAX_REQUEST_ID_LENGTH = 256
+
+
+class ProtocolError(ValueError):
+    """A frame could not be decoded; the message says why."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+# -- task channel: clients -> driver (PUSH -> PULL) ---------------------------------------------
+
+
+class SubmitRequest(_Message, tag="submit"):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Where the driver PUSHes this request's outputs (the client's bound PULL endpoint).
+    reply_to: str
+
+
+class AbortRequest(_Message, tag="abort"):
+    request_id: str
+
+
+TaskMessage = SubmitRequest | AbortRequest
+
+# -- results: driver -> client (PUSH -> the client's PULL) ----------------------------------------
+
+FinishReasonName = Literal["stop", "length", "abort", "error"]
+
+
+class TokenDelta(msgspec.Struct, frozen=True, array_like=True):
+    request_id: str
+    token_ids: list[int]
+    # Set on the request's one terminal output.
+    finish_reason: FinishReasonName | None = None
+    error: str | None = None
+    weights_version: int = 0
+
+
+class Outputs(_Message, tag="outputs"):
+    """Everything one step produced for one client."""
+
+    group: int
+    step_id: int
+    deltas: list[TokenDelta]
+
+
+class Rejected(_Message, tag="rejected"):
+    """A frame on the task channel that could not be decoded, reported to its reply_to if known."""
+
+    reason: str
+
+
+ResultMessage = Outputs | Rejected
+
+# -- control: driver -> peers (XPUB -> SUB) -------------------------------------------------------
+
+
+class PlanMessage(_Message, tag="plan"):
+    plan: StepPlan
+
+
+class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
+    """A CUDA tensor of another process on this host, as torch.multiprocessing shares it: an
+    IPC memory handle plus the layout to rebuild the tensor (no pickle)."""
+
+    name: str
+    dtype: str
+    size: list[int]
+    stride: list[int]
+    offset: int
+    device: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+
+
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+    """A tensor sent as a raw little-endian frame beside the message."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+WeightsOp = Literal["stage", "commit", "rollback", "release", "resume"]
+
+
+class WeightsStatus(_Message, tag="weights"):
+    """Driver -> peers: one phase of a weights update, or a memory release / resume."""
+
+    op: WeightsOp
+    version: int = 0
+    path: str = ""  # stage: a safetensors directory...
+    ipc_tensors: list[IpcTensor] = []  # ...or tensors shared by a trainer process
+    weights: bool = True  # release: what to free
+    kv_cache: bool = True
+
+
+class Shutdown(_Message, tag="shutdown"):
+    reason: str = ""
+    # The driver failed: peers exit non-zero too, so a supervisor restarts the whole group.
+    failed: bool = False
+
+
+ControlMessage = PlanMessage | WeightsStatus | Shutdown
+
+# -- acks: peers -> driver (PUSH -> PULL) ---------------------------------------------------------
+
+
+class PeerReady(_Message, tag="ready"):
+    rank: int
+    num_blocks: int
+
+
+class PeerFailed(_Message, tag="failed"):
+    rank: int
+    step_id: int
+    reason: str
+
+
+class WeightsAck(_Message, tag="weights_ack"):
+    rank: int
+    op: WeightsOp
+    ok: bool
+    error: str = ""
+    freed_bytes: int = 0
+
+
+AckMessage = PeerReady | PeerFailed | WeightsAck
+
+# -- admin: CLI -> driver (DEALER -> ROUTER) ------------------------------------------------------
+
+AdminCommand = Literal[
+    "status", "pause", "resume", "drain", "abort", "shutdown", "set-log-level",
+    "update-weights", "release-memory", "resume-memory",
+]  # fmt: skip
+UpdateMode = Literal["wait", "keep", "abort"]
+
+
+class AdminRequest(_Message, tag="admin"):
+    command: AdminCommand
+    # The argument of commands that take one: a request id for abort, a level for set-log-level,
+    # a deadline in seconds for drain, a safetensors directory for update-weights.
+    argument: str = ""
+    # update-weights: the new weights' version (default: the current one + 1), and what happens
+    # to running requests: wait (finish them first), keep (continue them on the new weights),
+    # abort. The weights come from `argument` (a directory), `ipc_tensors` (a trainer on this
+    # host), or `pushed` tensors sent as raw frames after the message.
+    version: int | None = None
+    mode: UpdateMode = "wait"
+    ipc_tensors: list[IpcTensor] = []
+    pushed: list[TensorMeta] = []
+    # release-memory: what to free.
+    weights: bool = True
+    kv_cache: bool = True
+
+
+class AdminReply(_Message, tag="admin_reply"):
+    ok: bool
+    message: str = ""
+    data: dict[str, Any] = {}
+
+
+AdminMessage = AdminRequest
+
+# -- heartbeat: every rank -> monitors (PUB -> SUB) -----------------------------------------------
+
+
+class Heartbeat(_Message, tag="heartbeat"):
+    group: int
+    rank: int
+    pid: int
+    state: str
+    step_id: int
+    # Seconds the current step has been running (0 between steps).
+    step_elapsed_s: float
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    tokens_per_s: float
+    weights_version: int
+    interval_s: float
+    sent_at: float
+    # Why the rank failed, when state is FAILED.
+    detail: str = ""
+
+
+# -- encoding -------------------------------------------------------------------------------------
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode(message: msgspec.Struct) -> list[bytes]:
+    return [VERSION_FRAME, _ENCODER.encode(message)]
+
+
+class Decoder:
+    """Decodes [version, body] frames into one channel's union; raises ProtocolError."""
+
+    def __init__(self, union: Any) -> None:
+        self._decoder = msgspec.msgpack.Decoder(union)
+
+    def decode(self, frames: list[bytes]) -> Any:
+        if len(frames) != 2:
+            raise ProtocolError(f"expected 2 frames (version, body), got {len(frames)}")
+        version, body = frames
+        if version != VERSION_FRAME:
+            shown = version[0] if len(version) == 1 else repr(bytes(version[:8]))
+            raise ProtocolError(
+                f"unsupported protocol version {shown}; this worker speaks {PROTOCOL_VERSION}"
+            )
+        if len(body) > MAX_FRAME_BYTES:
+            raise ProtocolError(
+                f"message of {len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}"
+            )
+        try:
+            return self._decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"malformed message: {exc}") from exc
+
+
+TASK_DECODER = Decoder(TaskMessage)
+RESULT_DECODER = Decoder(ResultMessage)
+CONTROL_DECODER = Decoder(ControlMessage)
+ACK_DECODER = Decoder(AckMessage)
+ADMIN_DECODER = Decoder(AdminMessage)
+ADMIN_REPLY_DECODER = Decoder(AdminReply)
+HEARTBEAT_DECODER = Decoder(Heartbeat)

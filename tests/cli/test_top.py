@@ -1,0 +1,169 @@
+"""`aioworker top`: the heartbeat table and health rules on hand-made beats, then live against
+fake-executor workers started as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from aioworker.cli.top import beat_json
+from aioworker.wire.health import (
+    COLUMNS,
+    MISSING,
+    STALE,
+    BeatTable,
+    Seen,
+    expected_ranks,
+    format_table,
+    rank_status,
+    table_row,
+    unhealthy_reason,
+)
+from aioworker.wire.protocol import Heartbeat
+from tests.cli_workers import HEARTBEAT_INTERVAL_S, Worker, Workers, cli
+
+NOW = 1000.0
+
+
+def make_beat(group: int = 0, rank: int = 0, state: str = "READY", **fields) -> Heartbeat:
+    values = dict(
+        pid=42, step_id=7, step_elapsed_s=0.25, num_running=3, num_waiting=1, kv_blocks_used=10,
+        kv_blocks_total=100, tokens_per_s=123.45, weights_version=2, interval_s=1.0, sent_at=0.0,
+    )  # fmt: skip
+    return Heartbeat(group=group, rank=rank, state=state, **{**values, **fields})
+
+
+def seen(age_s: float, state: str = "READY", **fields) -> Seen:
+    return Seen(make_beat(state=state, **fields), received_at=NOW - age_s)
+
+
+# -- pure logic -----------------------------------------------------------------------------------
+
+
+def test_status_is_missing_stale_or_the_beat_state() -> None:
+    assert rank_status(None, NOW) == MISSING
+    assert rank_status(seen(2.9), NOW) == "READY"
+    assert rank_status(seen(3.1), NOW) == STALE
+    # Staleness is measured in the rank's own intervals.
+    assert rank_status(seen(3.1, interval_s=2.0), NOW) == "READY"
+    # A rank in a final state stops beating on purpose: it keeps showing its state.
+    assert rank_status(seen(60.0, state="STOPPED"), NOW) == "STOPPED"
+    assert rank_status(seen(60.0, state="FAILED"), NOW) == "FAILED"
+
+
+def test_unhealthy_reasons() -> None:
+    assert unhealthy_reason(seen(0.5), NOW) is None
+    assert unhealthy_reason(seen(0.5, state="LOADING"), NOW) is None
+    assert unhealthy_reason(None, NOW) == "MISSING: no heartbeat received"
+    assert unhealthy_reason(seen(4.0), NOW) == "STALE: last heartbeat 4.0s ago; it beats every 1s"
+    assert unhealthy_reason(seen(0.5, state="STOPPED"), NOW) == "STOPPED"
+    failed = seen(0.5, state="FAILED", detail="step 3 failed: boom")
+    assert unhealthy_reason(failed, NOW) == "FAILED: step 3 failed: boom"
+
+
+def test_table_row_shows_every_field() -> None:
+    row = table_row((1, 2), seen(0.5), NOW)
+    assert row == ("1.2", "READY", "7", "0.25", "3", "1", "10/100", "123.5", "2", "42", "0.5", "")
+    assert len(row) == len(COLUMNS)
+    assert table_row((0, 1), None, NOW) == ("0.1", MISSING) + ("-",) * (len(COLUMNS) - 2)
+
+
+def test_format_table_aligns_columns() -> None:
+    rows = [table_row((0, 0), seen(0.5), NOW), table_row((0, 1), None, NOW)]
+    lines = format_table(rows).splitlines()
+    assert lines[0].split() == list(COLUMNS)
+    assert lines[1].split()[:2] == ["0.0", "READY"] and lines[2].split()[:2] == ["0.1", MISSING]
+    # Every column starts at the same offset on every line.
+    assert lines[0].index("STEP ") == lines[1].index("7 ") == lines[2].index("- ")
+
+
+def test_beat_table_tracks_the_expected_ranks() -> None:
+    table = BeatTable(expected_ranks(tp_size=2, dp_size=2))
+    assert table.keys() == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for key in table.keys()[:3]:
+        table.record(make_beat(*key), received_at=NOW)
+    assert not table.has_all_beaten()
+    assert table.unhealthy(NOW) == {(1, 1): "MISSING: no heartbeat received"}
+    table.record(make_beat(1, 1), received_at=NOW)
+    assert table.has_all_beaten() and table.is_healthy(NOW + 1.0)
+    assert set(table.unhealthy(NOW + 3.5)) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert [row[1] for row in table.rows(NOW)] == ["READY"] * 4
+
+
+def test_beat_json_adds_the_receive_time() -> None:
+    record = json.loads(beat_json(make_beat(), received_at=5.5))
+    assert record["type"] == "heartbeat" and record["state"] == "READY"
+    assert record["received_at"] == 5.5 and record["sent_at"] == 0.0
+
+
+# -- against running workers ----------------------------------------------------------------------
+
+
+def top(*argv: str, timeout_s: float) -> str:
+    """Run `aioworker top ARGV` as a subprocess for timeout_s; what it printed by then."""
+    command = [sys.executable, "-m", "aioworker.cli.main", "top", *argv]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s).stdout
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout or b"").decode()
+
+
+def test_once_shows_the_rank_ready(capsys, ready_worker: Worker) -> None:
+    code, out, _ = cli(capsys, "top", "--once", *ready_worker.args)
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == list(COLUMNS)
+    assert row.split()[:2] == ["0.0", "READY"]
+
+
+def test_json_streams_parseable_beats(ready_worker: Worker) -> None:
+    out = top("--json", *ready_worker.args, timeout_s=1.5)
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) >= 2
+    assert {(r["group"], r["rank"], r["state"]) for r in records} == {(0, 0, "READY")}
+    assert all(r["interval_s"] == HEARTBEAT_INTERVAL_S and r["received_at"] > 0 for r in records)
+
+
+def test_check_passes_while_the_worker_runs(capsys, ready_worker: Worker) -> None:
+    started = time.monotonic()
+    code, out, err = cli(capsys, "top", "--check", *ready_worker.args)
+    assert code == 0, err
+    assert out == "healthy: all 1 rank(s) beating\n"
+    assert time.monotonic() - started < 1.0  # it stops waiting once every rank has beaten
+
+
+def test_a_killed_rank_turns_stale_and_fails_the_check(capsys, workers: Workers) -> None:
+    worker = workers.start()
+    assert cli(capsys, "top", "--check", *worker.args)[0] == 0
+    command = [sys.executable, "-m", "aioworker.cli.main", "top", "--interval", "0.2"]
+    live = subprocess.Popen([*command, *worker.args], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.8)
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+        # 3 intervals of 0.2s to turn STALE, then one redraw.
+        time.sleep(3 * HEARTBEAT_INTERVAL_S + 0.6)
+    finally:
+        live.terminate()
+    # Each table: a title line, the header, then the row of rank 0.0.
+    states = [
+        table.splitlines()[2].split()[1] for table in live.communicate()[0].split("\n\n")[:-1]
+    ]
+    assert "READY" in states and states[-1] == STALE
+
+    code, out, err = cli(capsys, "top", "--check", "--wait", "0.6", *worker.args)
+    assert code == 1 and out == ""
+    assert "rank 0.0 is unhealthy: MISSING: no heartbeat received" in err
+
+
+def test_check_names_the_missing_peer_of_a_tp2_group(capsys, workers: Workers) -> None:
+    # Rank 0 of a TP=2 group waits for its peer (never started) and beats meanwhile.
+    worker = workers.start(until="LOADING", extra={"parallel.tensor_parallel_size": 2})
+    code, _, err = cli(capsys, "top", "--check", "--wait", "0.6", *worker.args)
+    assert code == 1
+    assert "rank 0.1 is unhealthy: MISSING: no heartbeat received" in err
+    assert "rank 0.0" not in err
+    assert "1 of 2 rank(s) unhealthy" in err

@@ -1,0 +1,99 @@
+"""Our model against transformers on the same weights: greedy tokens and prefill logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aioworker.core.plan import NewSeq, SamplingSpec, StepPlan
+from aioworker.core.sampling_params import SamplingParams
+from tests.conftest import make_engine
+from tests.tiny_models import build_tiny_model
+
+NUM_NEW_TOKENS = 32
+PROMPT_LENGTHS = (3, 11, 29, 64)
+
+
+def prefill_logits(engine, token_ids: list[int]) -> torch.Tensor:
+    """Logits at every prompt position, computed by the engine's own model and KV cache."""
+    runner = engine.executor.runner
+    num_blocks = -(-len(token_ids) // engine.spec.block_size)
+    plan = StepPlan(
+        step_id=-1,
+        seq_ids=[-1],
+        num_scheduled_tokens=[len(token_ids)],
+        start_positions=[0],
+        new_block_ids=[list(range(num_blocks))],
+        sample=[True],
+        input_token_ids=token_ids,
+        new_seqs=[NewSeq(-1, len(token_ids), SamplingSpec(0.0, 0, 1.0, None, 0, []))],
+    )
+
+    @torch.inference_mode()
+    def run() -> torch.Tensor:
+        runner.apply_plan_state(plan)
+        inputs = runner.prepare_inputs(plan)
+        hidden = runner.model(inputs.token_ids, inputs.positions, inputs.attn)
+        del runner.seqs[-1]
+        return runner.model.compute_logits(hidden)
+
+    return engine.executor.call(run).result()
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
+def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
+    output = model.generate(torch.tensor([prompt]), max_new_tokens=num_tokens, do_sample=False)
+    return output[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_tiny_model_matches_transformers(arch: str, tmp_path) -> None:
+    hf_model = build_tiny_model(arch, tmp_path)
+    vocab_size = hf_model.config.vocab_size
+    generator = torch.Generator().manual_seed(1)
+    prompts = [
+        torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS
+    ]
+    engine = make_engine(tmp_path, **{"cache.num_blocks": 64, "model.max_model_len": 256})
+    try:
+        completions = engine.generate(
+            prompts, SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+        )
+        for prompt, completion in zip(prompts, completions, strict=True):
+            assert completion.token_ids == hf_greedy(hf_model, prompt, NUM_NEW_TOKENS)
+        with torch.no_grad():
+            reference = hf_model(torch.tensor([prompts[-1]])).logits[0]
+        assert relative_error(prefill_logits(engine, prompts[-1]), reference) <= 1e-4
+    finally:
+        engine.close()
+
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime.",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_embedded(embedded_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def test_embedded_model_matches_transformers(embedded_engine, hf_embedded) -> None:
+    prompts = [embedded_engine.encode(text, chat=True) for text in CHAT_PROMPTS]
+    completions = embedded_engine.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+    )
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert completion.token_ids == hf_greedy(hf_embedded, prompt, NUM_NEW_TOKENS)
+    with torch.no_grad():
+        reference = hf_embedded(torch.tensor([prompts[0]])).logits[0]
+    assert relative_error(prefill_logits(embedded_engine, prompts[0]), reference) <= 1e-4

@@ -1,0 +1,87 @@
+"""The Triton paged decode kernel against a float64 reference. On a CPU machine it runs in
+Triton's interpreter (slow, so sizes are small); on the GPU machine, for real (-m gpu too)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from aioworker.compute.layers.attention.triton_decode import TILE_N, paged_decode  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(q, k_cache, v_cache, block_tables, context_lens, scale):
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty(batch, num_heads, head_dim, dtype=torch.float64)
+    for b in range(batch):
+        length = int(context_lens[b])
+        blocks = block_tables[b, : -(-length // block_size)].long().cpu()
+        keys = k_cache.cpu()[blocks].reshape(-1, num_kv_heads, head_dim)[:length].double()
+        values = v_cache.cpu()[blocks].reshape(-1, num_kv_heads, head_dim)[:length].double()
+        for h in range(num_heads):
+            scores = keys[:, h // group] @ q[b, h].cpu().double() * scale
+            out[b, h] = torch.softmax(scores, 0) @ values[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size", "num_splits", "dtype"),
+    [
+        (4, 2, 64, 16, 1, torch.float32),
+        (9, 3, 64, 16, 3, torch.float32),
+        (8, 1, 32, 32, 2, torch.float32),
+        pytest.param(
+            4,
+            4,
+            64,
+            16,
+            1,
+            torch.bfloat16,
+            marks=pytest.mark.skipif(
+                DEVICE == "cpu", reason="Triton's interpreter does not emulate bf16 dots faithfully"
+            ),
+        ),
+        pytest.param(
+            8,
+            2,
+            128,
+            16,
+            4,
+            torch.bfloat16,
+            marks=pytest.mark.skipif(DEVICE == "cpu", reason="bf16: GPU only"),
+        ),
+    ],
+)
+def test_paged_decode_matches_reference(
+    num_heads, num_kv_heads, head_dim, block_size, num_splits, dtype
+) -> None:
+    generator = torch.Generator().manual_seed(num_heads * 100 + num_splits)
+    num_blocks = 64
+    context_lens = torch.tensor([1, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
+    batch = len(context_lens)
+    max_blocks = -(-int(context_lens.max()) // block_size)
+    # Every sequence gets distinct, shuffled blocks, so a wrong gather cannot pass.
+    block_tables = torch.randperm(num_blocks, generator=generator)[: batch * max_blocks].view(
+        batch, max_blocks
+    )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    q = torch.randn(batch, num_heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim**-0.5
+    expected = reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    out = paged_decode(
+        to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens), scale, num_splits
+    )
+    error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
+    assert error < (1e-5 if dtype == torch.float32 else 1e-2), error

@@ -1,0 +1,180 @@
+"""Scheduler behaviour with exact block ids, and a property test over random workloads."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioworker.core.block_manager import BlockManager
+from aioworker.core.plan import StepResult
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.scheduler import Scheduler
+from aioworker.core.sequence import FinishReason, Sequence
+
+EOS = 99
+
+
+def make(num_blocks=16, block_size=4, max_num_seqs=8, budget=64, max_model_len=64) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget, max_model_len)
+
+
+def add(sched: Scheduler, seq_id: int, prompt_len: int, **params) -> Sequence:
+    params.setdefault("max_tokens", 4)
+    seq = Sequence(seq_id, f"r{seq_id}", list(range(prompt_len)), SamplingParams(**params), (EOS,))
+    sched.add(seq)
+    return seq
+
+
+def run_step(sched: Scheduler, token: int = 7):
+    plan = sched.schedule()
+    if plan is None:
+        return None, []
+    outputs = sched.update(plan, StepResult(plan.step_id, [token] * sum(plan.sample)))
+    return plan, outputs
+
+
+def test_prefill_and_decode_share_a_step_with_exact_blocks() -> None:
+    sched = make()
+    add(sched, 0, prompt_len=6)
+    plan, outputs = run_step(sched)
+    assert plan.seq_ids == [0] and plan.num_scheduled_tokens == [6]
+    assert plan.new_block_ids == [[0, 1]] and plan.sample == [True]
+    assert [token for _, token, _ in outputs] == [7]
+    add(sched, 1, prompt_len=3)
+    plan, _ = run_step(sched)
+    # seq 0 decodes its sampled token at position 6; seq 1 prefills in the same step.
+    assert plan.seq_ids == [0, 1]
+    assert plan.num_scheduled_tokens == [1, 3]
+    assert plan.start_positions == [6, 0]
+    assert plan.input_token_ids == [7, 0, 1, 2]
+    assert plan.new_block_ids == [[], [2]]
+    assert [n.seq_id for n in plan.new_seqs] == [1]
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks() -> None:
+    sched = make(budget=8)
+    add(sched, 0, prompt_len=20)
+    chunks = []
+    for _ in range(3):
+        plan, outputs = run_step(sched)
+        chunks.append((plan.num_scheduled_tokens[0], plan.start_positions[0], plan.sample[0]))
+    assert chunks == [(8, 0, False), (8, 8, False), (4, 16, True)]
+    assert sched.seqs[0].num_output_tokens == 1
+
+
+def test_max_num_seqs_limits_admission() -> None:
+    sched = make(max_num_seqs=2)
+    for i in range(3):
+        add(sched, i, prompt_len=2)
+    plan, _ = run_step(sched)
+    assert plan.seq_ids == [0, 1]
+    assert [s.seq_id for s in sched.waiting] == [2]
+
+
+def test_newest_running_sequence_is_preempted_and_recomputed() -> None:
+    # 4 blocks of 4 tokens: two sequences of 8 tokens fill the cache.
+    sched = make(num_blocks=4, block_size=4)
+    old = add(sched, 0, prompt_len=8, max_tokens=3)
+    new = add(sched, 1, prompt_len=8, max_tokens=3)
+    plan, _ = run_step(sched)
+    assert plan.seq_ids == [0, 1]
+    # Old needs a third block for position 8: the newest (1) is preempted, its blocks freed.
+    plan, _ = run_step(sched)
+    assert plan.seq_ids == [0] and sched.num_preemptions == 1
+    assert plan.released_seq_ids == [1]
+    assert new.num_computed_tokens == 0 and new.block_table == [] and sched.waiting[0] is new
+    while old.seq_id in sched.seqs:
+        run_step(sched)
+    # Once old finishes, new is recomputed from all of its tokens (prompt + the sampled one).
+    plan, _ = run_step(sched)
+    assert plan.seq_ids == [1] and plan.num_scheduled_tokens == [9]
+    assert [n.seq_id for n in plan.new_seqs] == [1]
+
+
+def test_abort_frees_blocks_immediately_and_is_released() -> None:
+    sched = make()
+    seq = add(sched, 0, prompt_len=10)
+    run_step(sched)
+    assert sched.block_manager.num_free_blocks == 13
+    assert sched.abort(0) is seq and seq.finish_reason is FinishReason.ABORT
+    assert sched.block_manager.num_free_blocks == 16
+    assert sched.abort(0) is None
+    add(sched, 1, prompt_len=2)
+    plan, _ = run_step(sched)
+    assert plan.released_seq_ids == [0]
+
+
+def test_abort_of_waiting_sequence() -> None:
+    sched = make()
+    add(sched, 0, prompt_len=3)
+    sched.abort(0)
+    assert not sched.waiting and sched.schedule() is None
+
+
+def test_stop_conditions() -> None:
+    sched = make()
+    add(sched, 0, prompt_len=2, max_tokens=10)
+    add(sched, 1, prompt_len=2, max_tokens=10, ignore_eos=True)
+    add(sched, 2, prompt_len=2, max_tokens=10, min_tokens=2)
+    _, outputs = run_step(sched, token=EOS)
+    reasons = {rid: reason for rid, _, reason in outputs}
+    assert reasons == {"r0": FinishReason.STOP, "r1": None, "r2": None}
+    run_step(sched, token=EOS)  # r2 has 2 outputs now: still below min_tokens + 1
+    _, outputs = run_step(sched, token=EOS)
+    assert {rid: reason for rid, _, reason in outputs}["r2"] is FinishReason.STOP
+
+
+def test_max_tokens_and_max_model_len_finish_with_length() -> None:
+    sched = make(max_model_len=6)
+    add(sched, 0, prompt_len=2, max_tokens=2)
+    add(sched, 1, prompt_len=4, max_tokens=10)
+    finished = {}
+    while sched.has_work:
+        _, outputs = run_step(sched)
+        finished.update({rid: reason for rid, _, reason in outputs if reason})
+    assert finished == {"r0": FinishReason.LENGTH, "r1": FinishReason.LENGTH}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    num_blocks=st.integers(6, 24),
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    budget=st.integers(4, 40),
+)
+def test_random_workloads_keep_invariants(
+    seed: int, num_blocks: int, block_size: int, budget: int
+) -> None:
+    """Whatever mix of arrivals, aborts and preemptions: blocks are never shared or leaked,
+    every request finishes exactly once, and plans respect the budget."""
+    rng = random.Random(seed)
+    max_model_len = num_blocks * block_size
+    sched = make(num_blocks, block_size, rng.randint(1, 6), budget, max_model_len)
+    finished: dict[str, FinishReason] = {}
+    next_id = 0
+    for _ in range(200):
+        if rng.random() < 0.3 and next_id < 20:
+            add(sched, next_id, rng.randint(1, max_model_len), max_tokens=rng.randint(1, 8))
+            next_id += 1
+        if rng.random() < 0.05 and sched.seqs:
+            victim = rng.choice(list(sched.seqs.values()))
+            sched.abort(victim.seq_id)
+            finished[victim.request_id] = FinishReason.ABORT
+        plan, outputs = run_step(sched, token=rng.choice([EOS, 5, 6]))
+        if plan is not None:
+            assert plan.num_tokens <= budget
+        for request_id, _, reason in outputs:
+            if reason is not None:
+                assert request_id not in finished
+                finished[request_id] = reason
+        owned = [b for s in sched.running for b in s.block_table]
+        assert len(owned) == len(set(owned)), "a block is owned twice"
+        assert len(owned) + sched.block_manager.num_free_blocks == num_blocks
+        assert all(not s.block_table for s in sched.waiting)
+    while sched.has_work:
+        _, outputs = run_step(sched)
+        finished.update({rid: reason for rid, _, reason in outputs if reason})
+    assert len(finished) == next_id
+    assert sched.block_manager.num_free_blocks == num_blocks

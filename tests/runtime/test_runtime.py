@@ -1,0 +1,218 @@
+"""The rank process over real sockets and processes: concurrency, tensor and data parallelism,
+aborts, and bad frames on every socket."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgspec
+import pytest
+import zmq
+
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import Client
+from aioworker.wire.protocol import RESULT_DECODER, SubmitRequest, encode
+from aioworker.wire.transport import group_endpoints
+from tests.conftest import EMBEDDED_OVERRIDES
+from tests.workers import admin, deployment, running
+
+
+def random_prompts(num: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(200, 30000) for _ in range(rng.randint(3, 40))] for _ in range(num)]
+
+
+def mixed_params(num: int, max_tokens: int) -> list[SamplingParams]:
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [
+        greedy
+        if i % 2
+        else SamplingParams(temperature=0.8, seed=i, max_tokens=max_tokens, ignore_eos=True)
+        for i in range(num)
+    ]
+
+
+async def generate_all(clients: list[Client], prompts, params) -> list:
+    async def one(i: int):
+        return await clients[i % len(clients)].generate(prompts[i], params[i])
+
+    return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+
+@pytest.mark.slow
+def test_64_concurrent_requests_from_2_clients_equal_the_offline_engine(
+    embedded_engine, embedded_model_dir
+) -> None:
+    prompts, params = random_prompts(64, seed=5), mixed_params(64, max_tokens=6)
+    expected = [c.token_ids for c in embedded_engine.generate(prompts, params)]
+    config, set_args = deployment(**{"model.path": str(embedded_model_dir), **EMBEDDED_OVERRIDES})
+
+    async def scenario():
+        clients = [Client.from_config(config), Client.from_config(config)]
+        for client in clients:
+            await client.start()
+        try:
+            completions = await generate_all(clients, prompts, params)
+            await asyncio.sleep(0.2)  # any duplicate terminal output would arrive by now
+            return completions, [c.num_unexpected_outputs for c in clients]
+        finally:
+            for client in clients:
+                await client.close()
+
+    with running(config, set_args):
+        completions, unexpected = asyncio.run(scenario())
+    assert [c.finish_reason for c in completions] == ["length"] * 64
+    assert [c.token_ids for c in completions] == expected
+    assert unexpected == [0, 0]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> None:
+    # SmolLM2 has 9 query / 3 KV heads: two ranks take 2 and 1 KV heads with their queries.
+    prompts = [
+        embedded_engine.encode(q, chat=True)
+        for q in ("What is the capital of France?", "Count to five.")
+    ]
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)] * 2
+    expected = [c.token_ids for c in embedded_engine.generate(prompts, params)]
+    settings = {
+        "model.path": str(embedded_model_dir),
+        **EMBEDDED_OVERRIDES,
+        "parallel.tensor_parallel_size": 2,
+    }
+    config, set_args = deployment(**settings)
+
+    async def scenario():
+        async with Client.from_config(config) as client:
+            return await generate_all([client], prompts, params)
+
+    with running(config, set_args):
+        completions = asyncio.run(scenario())
+    assert [c.token_ids for c in completions] == expected
+
+
+def test_data_parallel_spreads_a_burst_and_aborts_within_one_step() -> None:
+    config, set_args = deployment(**{"parallel.data_parallel_size": 2})
+
+    async def burst():
+        async with Client.from_config(config) as client:
+            prompts = random_prompts(200, seed=1)
+            params = [SamplingParams(max_tokens=20)] * 200
+            completions = await generate_all([client], prompts, params)
+            return [c.group for c in completions], [c.finish_reason for c in completions]
+
+    async def abort_running():
+        async with Client.from_config(config) as client:
+            stream = await client.submit([1, 2, 3], SamplingParams(max_tokens=1000))
+            outputs = []
+            async for out in stream:
+                outputs.append(out)
+                if len(outputs) == 3:
+                    await client.abort(out.request_id)
+                    aborted_at = out.step_id
+            return outputs, aborted_at
+
+    with running(config, set_args, "--fake-executor", "--fake-step-ms", "20"):
+        groups, reasons = asyncio.run(burst())
+        outputs, aborted_at = asyncio.run(abort_running())
+    assert reasons == ["length"] * 200
+    assert min(groups.count(0), groups.count(1)) >= 50  # each group served >= 25%
+    terminal = outputs[-1]
+    assert terminal.finish_reason == "abort" and terminal.token_ids == []
+    # The abort reached the group while step `aborted_at + 1` could already be running; it ends
+    # the request right after that step: at most one more token.
+    assert len(outputs) <= 5 and terminal.step_id <= aborted_at + 1
+
+
+class _Inbox:
+    """A bound PULL socket standing in for a client's reply_to."""
+
+    def __init__(self, context: zmq.Context, endpoint_base: str) -> None:
+        self.sock = context.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"{endpoint_base}-inbox"
+        self.sock.bind(self.endpoint)
+
+    def recv(self, timeout_s: float = 3.0):
+        assert self.sock.poll(timeout_s * 1000), "no reply came"
+        return RESULT_DECODER.decode(self.sock.recv_multipart())
+
+
+def test_bad_frames_get_error_replies_or_counted_drops_and_the_rank_keeps_serving() -> None:
+    config, set_args = deployment(**{"parallel.tensor_parallel_size": 2, "model.max_model_len": 64})
+    endpoints = group_endpoints(config.runtime, 0, 2)
+    context = zmq.Context()
+    inbox = _Inbox(context, endpoints.tasks)
+
+    def socket(kind: int, endpoint: str) -> zmq.Socket:
+        sock = context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        return sock
+
+    def submit_frame(**fields) -> bytes:
+        body = {
+            "type": "submit",
+            "request_id": "r",
+            "prompt_token_ids": [1, 2],
+            "params": {},
+            "reply_to": inbox.endpoint,
+        }
+        return msgspec.msgpack.encode({**body, **fields})
+
+    with running(config, set_args, "--fake-executor"):
+        tasks, acks = socket(zmq.PUSH, endpoints.tasks), socket(zmq.PUSH, endpoints.acks)
+        control, admin_sock = (
+            socket(zmq.XSUB, endpoints.control),
+            socket(zmq.DEALER, endpoints.admin),
+        )
+        # Frames whose reply_to can still be read get an error reply naming the problem.
+        replies = {
+            "wrong type": [b"\x01", submit_frame(params={"max_tokens": "many"})],
+            "unknown tag": [b"\x01", submit_frame(type="nope")],
+            "bad version": [b"\x07", submit_frame()],
+            "token out of range": [
+                b"\x01",
+                submit_frame(request_id="big", prompt_token_ids=[40000]),
+            ],
+            "too long": [b"\x01", submit_frame(request_id="long", prompt_token_ids=[1] * 65)],
+            "bad param": [b"\x01", submit_frame(request_id="neg", params={"temperature": -1.0})],
+        }
+        for frames in replies.values():
+            tasks.send_multipart(frames)
+            [delta] = inbox.recv().deltas
+            assert delta.finish_reason == "error" and delta.error
+        # Frames with no reply path are dropped and counted.
+        tasks.send_multipart([random.randbytes(50)])
+        tasks.send_multipart([b"\x01", b"\xc1\xff garbage"])
+        acks.send_multipart([b"\x01", b"not an ack"])
+        control.send(b"\x05 upstream garbage")
+        admin_sock.send_multipart([b"\x01", b"\x93garbage"])
+        assert admin_sock.poll(3000)
+        reply = admin_sock.recv_multipart()
+        assert b"malformed" in reply[-1]
+        # Still serving: a good request completes.
+        tasks.send_multipart(
+            encode(
+                SubmitRequest(
+                    request_id="ok",
+                    prompt_token_ids=[1, 2],
+                    params=SamplingParams(max_tokens=3),
+                    reply_to=inbox.endpoint,
+                )
+            )
+        )
+        tokens = []
+        while True:
+            [delta] = inbox.recv().deltas
+            tokens += delta.token_ids
+            if delta.finish_reason:
+                break
+        assert delta.finish_reason == "length" and len(tokens) == 3
+        status = admin(config, "status")
+        assert status.data["state"] == "READY"
+        assert status.data["num_rejected_frames"] >= 5 + len(replies) - 3
+        for sock in (tasks, acks, control, admin_sock, inbox.sock):
+            sock.close()
+    context.term()
