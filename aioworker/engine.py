@@ -45,17 +45,17 @@ class Completion:
 
 
 class LLMEngine:
-    def __init__(self, executor, spec, tokenizer: Tokenizer | None, config: WorkerConfig) -> None:
+    def __init__(self, executor, loaded, tokenizer: Tokenizer | None, config: WorkerConfig) -> None:
         self.executor = executor
-        self.spec = spec
+        self.loaded = loaded
         self.tokenizer = tokenizer
-        self.validator = RequestValidator(spec.model_config.vocab_size, spec.max_model_len)
-        self.block_manager = BlockManager(spec.num_blocks, spec.block_size)
+        self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
+        self.block_manager = BlockManager(loaded.num_blocks, loaded.block_size)
         self.scheduler = Scheduler(
             self.block_manager,
             config.scheduler.max_num_seqs,
             config.scheduler.max_num_batched_tokens,
-            spec.max_model_len,
+            loaded.max_model_len,
         )
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -68,18 +68,18 @@ class LLMEngine:
     def from_config(cls, config: WorkerConfig, progress: bool = True) -> LLMEngine:
         from aioworker.compute.build_rank import build_rank  # torch enters here, not at import
 
-        executor, spec = build_rank(config, progress=progress)
+        executor, loaded = build_rank(config, progress=progress)
         tokenizer = (
-            Tokenizer(spec.model_dir) if (spec.model_dir / "tokenizer.json").is_file() else None
+            Tokenizer(loaded.model_dir) if (loaded.model_dir / "tokenizer.json").is_file() else None
         )
-        return cls(executor, spec, tokenizer, config)
+        return cls(executor, loaded, tokenizer, config)
 
     # -- requests -----------------------------------------------------------------------------
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise ValueError(
-                f"{self.spec.model_dir} has no tokenizer.json; submit token ids instead of text"
+                f"{self.loaded.model_dir} has no tokenizer.json; submit token ids instead of text"
             )
         if chat:
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
@@ -95,7 +95,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validator.check(token_ids, params)
         seq = Sequence(
-            next(self._seq_ids), request_id, token_ids, params, self.spec.model_config.eos_token_ids
+            next(self._seq_ids), request_id, token_ids, params, self.loaded.eos_token_ids
         )
         self.scheduler.add(seq)
         self._seqs_by_request[request_id] = seq

@@ -108,7 +108,7 @@ def run_offline(args: argparse.Namespace) -> int:
     from aioworker.engine import LLMEngine
 
     engine = LLMEngine.from_config(config)
-    vocab_size = engine.spec.model_config.vocab_size
+    vocab_size = engine.loaded.vocab_size
     workloads = args.workload or list(CPU_WORKLOADS)
     with engine:
         ours = cpu_offline.OursRunner(engine)
@@ -116,7 +116,7 @@ def run_offline(args: argparse.Namespace) -> int:
         # after it in the same process, which would flatter neither side consistently.
         ours_rates = {name: cpu_offline.WORKLOADS[name](ours, vocab_size) for name in workloads}
         reference = cpu_offline.TransformersRunner(
-            engine.spec.model_dir, _DTYPES[engine.spec.dtype]
+            engine.loaded.model_dir, _DTYPES[engine.loaded.dtype]
         )
         rows = [
             cpu_offline.Row(
@@ -131,7 +131,7 @@ def run_offline(args: argparse.Namespace) -> int:
         [[r.workload, f"{r.ours:.1f}", f"{r.reference:.1f}", f"{r.ratio:.2f}x"] for r in rows],
     )
     notes = (
-        f"Model {engine.spec.model_dir.name}, dtype {engine.spec.dtype}, greedy. "
+        f"Model {engine.loaded.model_dir.name}, dtype {engine.loaded.dtype}, greedy. "
         f"Greedy tokens identical to transformers on 4 prompts x 16 tokens: {'yes' if agree else 'NO'}."
     )
     print(table)

@@ -22,15 +22,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
-class ChildSpec:
+class ChildCommand:
     rank: int
     group: int
     argv: list[str]
 
 
 class Launcher:
-    def __init__(self, specs: list[ChildSpec], stop_timeout_s: float) -> None:
-        self.specs = specs
+    def __init__(self, commands: list[ChildCommand], stop_timeout_s: float) -> None:
+        self.commands = commands
         self.stop_timeout_s = stop_timeout_s
         self.children: dict[int, subprocess.Popen] = {}  # rank -> process, until reaped
         self.exit_code = 0  # the first failure's, as a shell reports it
@@ -52,17 +52,17 @@ class Launcher:
 
     def start(self, child_mask: Iterable[signal.Signals]) -> None:
         setup = _child_setup(os.getpid(), set(child_mask))
-        for spec in self.specs:
+        for command in self.commands:
             try:
                 # From this (the main) thread: PDEATHSIG fires when the spawning thread exits.
-                process = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, preexec_fn=setup)
+                process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL, preexec_fn=setup)
             except OSError as exc:
-                report(f"could not start rank {spec.rank}: {exc}")
+                report(f"could not start rank {command.rank}: {exc}")
                 self.exit_code = 1
                 self.terminate_all()
                 return
-            self.children[spec.rank] = process
-            report(f"started rank {spec.rank} (group {spec.group}) pid {process.pid}")
+            self.children[command.rank] = process
+            report(f"started rank {command.rank} (group {command.group}) pid {process.pid}")
 
     def wait_for_event(self) -> None:
         if self.kill_at is None:

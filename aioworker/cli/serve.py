@@ -13,7 +13,7 @@ import signal
 import sys
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
-from aioworker.cli.launcher import ChildSpec, Launcher
+from aioworker.cli.launcher import ChildCommand, Launcher
 from aioworker.config import ConfigError, WorkerConfig
 
 DEFAULT_STOP_TIMEOUT_S = 90.0
@@ -60,11 +60,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     tp = config.parallel.tensor_parallel_size
-    specs = [
-        ChildSpec(rank, rank // tp, worker_argv(args, rank, config_argv))
+    commands = [
+        ChildCommand(rank, rank // tp, worker_argv(args, rank, config_argv))
         for rank in range(config.world_size)
     ]
-    return Launcher(specs, args.stop_timeout).run()
+    return Launcher(commands, args.stop_timeout).run()
 
 
 def worker_config_argv(args: argparse.Namespace) -> list[str]:

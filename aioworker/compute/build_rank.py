@@ -1,7 +1,7 @@
 """Build one rank's compute: resolve the model, pick device and dtype, build the model on the
 executor thread, load weights, size and allocate the KV cache.
 
-Returns the executor and a torch-free `RankSpec` the scheduler side needs (block counts,
+Returns the executor and a torch-free `LoadedRank`: what the scheduler side needs (block counts,
 lengths, vocabulary, EOS ids).
 """
 
@@ -35,7 +35,7 @@ from aioworker.compute.runner import ModelRunner
 from aioworker.compute.sampler import Sampler
 from aioworker.compute.weights.memory import DeviceMemory
 from aioworker.config import WorkerConfig
-from aioworker.core.loaded_rank import RankSpec
+from aioworker.core.loaded_rank import LoadedRank
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def build_rank(
     dist_init: str | None = None,
     device_index: int = 0,
     report_phase: Callable[[str], None] | None = None,
-) -> tuple[Executor, RankSpec]:
+) -> tuple[Executor, LoadedRank]:
     """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
@@ -106,9 +106,10 @@ def build_rank(
     except BaseException:
         executor.shutdown()
         raise
-    spec = RankSpec(
+    loaded = LoadedRank(
         model_dir=model_dir,
-        model_config=cfg,
+        vocab_size=cfg.vocab_size,
+        eos_token_ids=cfg.eos_token_ids,
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         num_blocks=num_blocks,
@@ -116,7 +117,7 @@ def build_rank(
         max_model_len=max_model_len,
         load_seconds=time.monotonic() - started,
     )
-    return executor, spec
+    return executor, loaded
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.weights_phase import WeightsPhase
 
 _STOP = object()
 
@@ -46,12 +47,12 @@ class Executor:
         self._jobs.put((fn, None, future))
         return future
 
-    def run_weights_op(self, message) -> Future:
-        """A weights update phase or a memory release / resume (a WeightsStatus), in order after
-        the steps already submitted; the future gives the bytes freed."""
-        from aioworker.compute.weights.phases import run_weights_op
+    def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
+        """A weights update phase or a memory release / resume, in order after the steps already
+        submitted; the future gives the bytes freed."""
+        from aioworker.compute.weights.phases import run_weights_phase
 
-        return self.call(lambda: run_weights_op(self.runner, message))
+        return self.call(lambda: run_weights_phase(self.runner, phase))
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""

@@ -11,7 +11,7 @@ import torch
 
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block
 from aioworker.compute.sampler import SampleRow
-from aioworker.core.plan import NewSeq, SamplingSpec, StepPlan
+from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _largest_prefill(num_tokens: int, block_size: int, max_len: int) -> StepPlan
     lengths = [max_len] * (num_tokens // max_len) + (
         [num_tokens % max_len] if num_tokens % max_len else []
     )
-    spec = SamplingSpec(0.0, 0, 1.0, None, 0, [])
+    greedy = SamplingSettings(0.0, 0, 1.0, None, 0, [])
     next_block, new_block_ids = 0, []
     for length in lengths:
         count = -(-length // block_size)
@@ -85,16 +85,16 @@ def _largest_prefill(num_tokens: int, block_size: int, max_len: int) -> StepPlan
         new_block_ids=new_block_ids,
         sample=[True] * len(lengths),
         input_token_ids=[1] * num_tokens,
-        new_seqs=[NewSeq(-1 - i, n, spec) for i, n in enumerate(lengths)],
+        new_seqs=[NewSeq(-1 - i, n, greedy) for i, n in enumerate(lengths)],
         released_seq_ids=[],
     )
 
 
 def _largest_sampling(runner, vocab_size: int, num_rows: int, device) -> None:
     # top-p makes the sampler sort the whole vocabulary: its largest working set.
-    spec = SamplingSpec(1.0, 0, 0.9, None, 0, [])
+    nucleus = SamplingSettings(1.0, 0, 0.9, None, 0, [])
     logits = torch.randn(num_rows, vocab_size, device=device)
-    runner.sampler(logits, [SampleRow(spec, 1, 1)] * num_rows)
+    runner.sampler(logits, [SampleRow(nucleus, 1, 1)] * num_rows)
 
 
 def _graph_reserve(config, model_config, dtype) -> int:

@@ -1,7 +1,7 @@
 """Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
 
 Keeps, per running sequence, what plans send only once: its block table, prompt length and
-sampling spec.
+sampling settings.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
 from aioworker.compute.parallel import TensorParallel
 from aioworker.compute.sampler import Sampler, SampleRow
-from aioworker.core.plan import PENDING_TOKEN, SamplingSpec, StepPlan, StepResult
+from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
 
 
 class PlanError(RuntimeError):
@@ -26,7 +26,7 @@ class PlanError(RuntimeError):
 class _SeqState:
     block_table: list[int]
     num_prompt_tokens: int
-    sampling: SamplingSpec
+    sampling: SamplingSettings
     last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
 
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.core.plan import SamplingSpec
+from aioworker.core.plan import SamplingSettings
 
 _MASK64 = (1 << 64) - 1
 
 
 @dataclass(slots=True)
 class SampleRow:
-    spec: SamplingSpec
+    sampling: SamplingSettings
     position: int  # index of the token being sampled in its sequence
     num_output_tokens: int  # outputs before this one
 
@@ -41,23 +41,23 @@ class Sampler:
         logits = logits.float()
         _mask_stop_tokens(logits, rows)
         greedy_ids = logits.argmax(dim=-1)
-        if all(row.spec.temperature == 0.0 for row in rows):
+        if all(row.sampling.temperature == 0.0 for row in rows):
             return greedy_ids
-        temperatures = [row.spec.temperature or 1.0 for row in rows]
+        temperatures = [row.sampling.temperature or 1.0 for row in rows]
         logits = logits / _on(logits.device, temperatures)[:, None]
         logits = _apply_top_k_top_p(logits, rows)
         probs = torch.softmax(logits, dim=-1)
         sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
-        is_greedy = _on(logits.device, [row.spec.temperature == 0.0 for row in rows])
+        is_greedy = _on(logits.device, [row.sampling.temperature == 0.0 for row in rows])
         return torch.where(is_greedy, greedy_ids, sampled_ids)
 
     def _noise(self, rows: list[SampleRow], vocab_size: int) -> torch.Tensor:
         noise = torch.empty(len(rows), vocab_size, device=self.device)
         noise.exponential_(generator=self.batch_generator)
         for i, row in enumerate(rows):
-            if row.spec.seed is not None and row.spec.temperature > 0.0:
+            if row.sampling.seed is not None and row.sampling.temperature > 0.0:
                 generator = torch.Generator(device=self.device)
-                generator.manual_seed(derive_seed(row.spec.seed, row.position))
+                generator.manual_seed(derive_seed(row.sampling.seed, row.position))
                 noise[i].exponential_(generator=generator)
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
 
@@ -73,13 +73,13 @@ def _on(device: torch.device, values: list) -> torch.Tensor:
 
 def _mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     for i, row in enumerate(rows):
-        if row.num_output_tokens < row.spec.min_tokens and row.spec.stop_token_ids:
-            logits[i, _on(logits.device, row.spec.stop_token_ids)] = float("-inf")
+        if row.num_output_tokens < row.sampling.min_tokens and row.sampling.stop_token_ids:
+            logits[i, _on(logits.device, row.sampling.stop_token_ids)] = float("-inf")
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    top_k = [row.spec.top_k for row in rows]
-    top_p = [row.spec.top_p for row in rows]
+    top_k = [row.sampling.top_k for row in rows]
+    top_p = [row.sampling.top_p for row in rows]
     if not any(top_k) and all(p >= 1.0 for p in top_p):
         return logits
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)

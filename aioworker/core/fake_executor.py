@@ -1,5 +1,5 @@
-"""An executor that answers every plan at once with made-up tokens, and the spec of a model it
-pretends to run. For testing and measuring the control plane without a model. Torch-free."""
+"""An executor that answers every plan at once with made-up tokens, and the loaded rank it
+pretends to be. For testing and measuring the control plane without a model. Torch-free."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.config import WorkerConfig
-from aioworker.core.loaded_rank import RankSpec
+from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.weights_phase import WeightsPhase
 
 FAKE_VOCAB_SIZE = 32000
 
@@ -67,38 +67,28 @@ class FakeExecutor:
         future.set_result(fn())
         return future
 
-    def run_weights_op(self, message) -> Future:
+    def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
         return self.call(lambda: 0)
 
     def shutdown(self, timeout: float | None = None) -> bool:
         return True
 
 
-def fake_spec(config: WorkerConfig) -> RankSpec:
-    model_config = ModelConfig(
-        architecture="LlamaForCausalLM",
-        vocab_size=FAKE_VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=64,
-        eos_token_ids=(0,),
-    )
-    return RankSpec(
+def fake_loaded_rank(config: WorkerConfig) -> LoadedRank:
+    return LoadedRank(
         model_dir=Path("fake"),
-        model_config=model_config,
-        device="fake",
-        dtype="none",
+        vocab_size=FAKE_VOCAB_SIZE,
+        eos_token_ids=(0,),
+        max_model_len=config.model.max_model_len or 4096,
         num_blocks=config.cache.num_blocks or 65536,
         block_size=config.cache.block_size,
-        max_model_len=config.model.max_model_len or 4096,
+        device="fake",
+        dtype="none",
         load_seconds=0.0,
     )
 
 
 def build_fake(
     config: WorkerConfig, fail_at_step: int | None = None, step_seconds: float = 0.0
-) -> tuple[FakeExecutor, RankSpec]:
-    return FakeExecutor(fail_at_step, step_seconds), fake_spec(config)
+) -> tuple[FakeExecutor, LoadedRank]:
+    return FakeExecutor(fail_at_step, step_seconds), fake_loaded_rank(config)

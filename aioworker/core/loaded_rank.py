@@ -1,20 +1,20 @@
-"""What a built rank tells the torch-free side: cache geometry, lengths, the model's config."""
+"""What a built rank tells the torch-free side: the model's vocabulary and stop tokens, the
+longest sequence, and the KV cache's geometry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from aioworker.checkpoint.model_config import ModelConfig
-
 
 @dataclass(frozen=True)
-class RankSpec:
+class LoadedRank:
     model_dir: Path
-    model_config: ModelConfig
-    device: str
-    dtype: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
     num_blocks: int
     block_size: int
-    max_model_len: int
+    device: str
+    dtype: str
     load_seconds: float

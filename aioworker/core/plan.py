@@ -15,7 +15,7 @@ import msgspec
 PENDING_TOKEN = -1
 
 
-class SamplingSpec(msgspec.Struct, array_like=True, frozen=True):
+class SamplingSettings(msgspec.Struct, array_like=True, frozen=True):
     temperature: float
     top_k: int
     top_p: float
@@ -28,7 +28,7 @@ class SamplingSpec(msgspec.Struct, array_like=True, frozen=True):
 class NewSeq(msgspec.Struct, array_like=True, frozen=True):
     seq_id: int
     num_prompt_tokens: int
-    sampling: SamplingSpec
+    sampling: SamplingSettings
 
 
 class StepPlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from aioworker.core.block_manager import BlockManager
-from aioworker.core.plan import PENDING_TOKEN, NewSeq, SamplingSpec, StepPlan, StepResult
+from aioworker.core.plan import PENDING_TOKEN, NewSeq, SamplingSettings, StepPlan, StepResult
 from aioworker.core.sequence import FinishReason, SeqStatus, Sequence
 
 # (request_id, sampled token, finish reason or None): a plain tuple, because update() makes
@@ -263,7 +263,7 @@ class Scheduler:
 
 def _new_seq(seq: Sequence) -> NewSeq:
     params = seq.params
-    spec = SamplingSpec(
+    spec = SamplingSettings(
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,

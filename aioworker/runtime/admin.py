@@ -63,7 +63,7 @@ def status(driver: Driver) -> dict[str, Any]:
         "weights_version": driver.weights_version,
         "last_weights_update_s": driver.weights.last_update_s,
         "tensor_parallel_size": driver.config.parallel.tensor_parallel_size,
-        "model": str(driver.spec.model_dir) if driver.spec else None,
+        "model": str(driver.loaded.model_dir) if driver.loaded else None,
     }
 
 

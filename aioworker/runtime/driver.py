@@ -94,23 +94,23 @@ class Driver(RequestIntake, RankProgram):
         self.spawn(self.admin_loop())  # status answers while loading
 
     async def serve(self) -> None:
-        num_blocks = self.spec.num_blocks
+        num_blocks = self.loaded.num_blocks
         if self.tp_size > 1:
             num_blocks = min(num_blocks, await self.wait_for_peers())
-        spec, sched = self.spec, self.config.scheduler
+        loaded, sched = self.loaded, self.config.scheduler
         self.scheduler = Scheduler(
-            BlockManager(num_blocks, spec.block_size),
+            BlockManager(num_blocks, loaded.block_size),
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
-            spec.max_model_len,
+            loaded.max_model_len,
         )
-        self.validator = RequestValidator(spec.model_config.vocab_size, spec.max_model_len)
+        self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         if self.config.runtime.metrics_port:
             port = self.config.runtime.metrics_port + self.group
             self.metrics = WorkerMetrics(self, port, self.config.runtime.host)
         self.state = RankState.READY
         log.info(
-            "group %d ready: %d KV blocks of %d tokens", self.group, num_blocks, spec.block_size
+            "group %d ready: %d KV blocks of %d tokens", self.group, num_blocks, loaded.block_size
         )
         self.spawn(self.task_loop())
         self.spawn(self.step_loop())

@@ -84,7 +84,7 @@ class RequestIntake:
             request_id,
             message.prompt_token_ids,
             message.params,
-            self.spec.model_config.eos_token_ids,
+            self.loaded.eos_token_ids,
         )
         self.scheduler.add(seq)
         self.requests[request_id] = Request(seq, reply_to, time.monotonic(), client_key=client_key)

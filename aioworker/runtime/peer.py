@@ -10,6 +10,7 @@ import time
 
 import zmq
 
+from aioworker.core.weights_phase import WeightsPhase
 from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.liveness import LivenessWatch, watch_socket
@@ -49,7 +50,7 @@ class Peer(RankProgram):
     async def serve(self) -> None:
         self.spawn(watch_for_hung_steps(self, self.config.runtime.hung_step_timeout_s))
         await self.acks.send_multipart(
-            encode(PeerReady(rank=self.rank, num_blocks=self.spec.num_blocks))
+            encode(PeerReady(rank=self.rank, num_blocks=self.loaded.num_blocks))
         )
         self.state = RankState.READY
         self.liveness.expect_beats_now(0)  # the driver is up: our sockets reached it
@@ -67,7 +68,7 @@ class Peer(RankProgram):
             if isinstance(message, PlanMessage):
                 await self.run_plan(message.plan)
             elif isinstance(message, WeightsStatus):
-                self.spawn(self.run_weights_op(message))
+                self.spawn(self.run_weights_phase(message.phase))
             elif isinstance(message, Shutdown):
                 if message.failed:
                     raise FatalError(ExitCode.PEER_LOST, f"the driver failed: {message.reason}")
@@ -106,18 +107,18 @@ class Peer(RankProgram):
             pass
         self.fail(ExitCode.FAILED, f"step {step_id} failed: {reason}")
 
-    async def run_weights_op(self, message: WeightsStatus) -> None:
+    async def run_weights_phase(self, phase: WeightsPhase) -> None:
         """A phase of a weights update (or a memory release / resume), after the plans already
         queued; the driver waits for this rank's ack."""
         try:
-            freed = await asyncio.wrap_future(self.executor.run_weights_op(message))
-            ack = WeightsAck(rank=self.rank, op=message.op, ok=True, freed_bytes=freed)
-            if message.op == "commit":
-                self.weights_version = message.version
+            freed = await asyncio.wrap_future(self.executor.run_weights_phase(phase))
+            ack = WeightsAck(rank=self.rank, op=phase.op, ok=True, freed_bytes=freed)
+            if phase.op == "commit":
+                self.weights_version = phase.version
         except Exception as exc:
-            log.error("weights %s failed on rank %d: %s", message.op, self.rank, exc)
+            log.error("weights %s failed on rank %d: %s", phase.op, self.rank, exc)
             error = f"{type(exc).__name__}: {exc}"
-            ack = WeightsAck(rank=self.rank, op=message.op, ok=False, error=error)
+            ack = WeightsAck(rank=self.rank, op=phase.op, ok=False, error=error)
         await self.acks.send_multipart(encode(ack))
 
     async def report_failure(self, step_id: int, reason: str) -> None:

@@ -70,7 +70,7 @@ class RankProgram:
         self.state = RankState.STARTING
         self.exit_code = ExitCode.OK
         self.executor: Any = None
-        self.spec: Any = None
+        self.loaded: Any = None
         self.step_id = -1
         self.step_started_at: float | None = None
         self.weights_version = 0
@@ -128,7 +128,7 @@ class RankProgram:
             """Called by the build thread (PROFILING, WARMING): the state belongs to the loop."""
             loop.call_soon_threadsafe(self._enter_phase, RankState(state))
 
-        self.executor, self.spec = await run_in_daemon_thread(lambda: self.build(report_phase))
+        self.executor, self.loaded = await run_in_daemon_thread(lambda: self.build(report_phase))
         await self.serve()
         self.feed_systemd_watchdog()
 
@@ -258,7 +258,7 @@ class RankProgram:
 
     def queue_depths(self) -> tuple[int, int, int, int]:
         """(running, waiting, kv blocks used, kv blocks total); the driver knows them."""
-        total = self.spec.num_blocks if self.spec is not None else 0
+        total = self.loaded.num_blocks if self.loaded is not None else 0
         return 0, 0, 0, total
 
     def heartbeat(self) -> Heartbeat:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from aioworker.core.weights_phase import WeightsPhase
 from aioworker.runtime.pushed_tensors import write_safetensors
 from aioworker.runtime.state import RankState
 from aioworker.wire.protocol import AdminReply, AdminRequest, WeightsAck, WeightsStatus, encode
@@ -46,9 +47,9 @@ class WeightsCoordinator:
         async with self._held(request.mode, RankState.UPDATING_WEIGHTS):
             error = await self._on_every_rank(stage)
             if error is None:
-                error = await self._on_every_rank(WeightsStatus(op="commit", version=version))
+                error = await self._on_every_rank(WeightsPhase(op="commit", version=version))
             else:
-                await self._on_every_rank(WeightsStatus(op="rollback", version=version))
+                await self._on_every_rank(WeightsPhase(op="rollback", version=version))
             driver.state = previous
         if error is not None:
             return AdminReply(
@@ -68,10 +69,8 @@ class WeightsCoordinator:
         async with self._held("keep", RankState.WEIGHTS_CLEARED):
             if request.kv_cache:
                 driver.scheduler.preempt_all()  # recomputed from their tokens after resume
-            message = WeightsStatus(
-                op="release", weights=request.weights, kv_cache=request.kv_cache
-            )
-            error, freed = await self._on_every_rank(message, with_freed=True)
+            phase = WeightsPhase(op="release", weights=request.weights, kv_cache=request.kv_cache)
+            error, freed = await self._on_every_rank(phase, with_freed=True)
             # The state stays WEIGHTS_CLEARED (steps held) until resume-memory.
             driver.state = RankState.WEIGHTS_CLEARED
         if error is not None:
@@ -83,7 +82,7 @@ class WeightsCoordinator:
         driver = self.driver
         if driver.state is not RankState.WEIGHTS_CLEARED:
             return AdminReply(ok=False, message=f"nothing to resume: worker is {driver.state}")
-        error = await self._on_every_rank(WeightsStatus(op="resume"))
+        error = await self._on_every_rank(WeightsPhase(op="resume"))
         if error is not None:
             return AdminReply(ok=False, message=f"resume failed: {error}")
         driver.state = RankState.READY
@@ -94,27 +93,27 @@ class WeightsCoordinator:
 
     def _stage_message(
         self, request: AdminRequest, raw_frames: list[bytes], version: int
-    ) -> WeightsStatus:
+    ) -> WeightsPhase:
         if request.pushed:
             directory = Path(tempfile.mkdtemp(prefix="aioworker-pushed-"))
             write_safetensors(directory / "model.safetensors", request.pushed, raw_frames)
-            return WeightsStatus(op="stage", version=version, path=str(directory))
+            return WeightsPhase(op="stage", version=version, path=str(directory))
         if request.ipc_tensors:
-            return WeightsStatus(op="stage", version=version, ipc_tensors=request.ipc_tensors)
+            return WeightsPhase(op="stage", version=version, ipc_tensors=request.ipc_tensors)
         if not request.argument:
             raise ValueError("update-weights needs a directory, IPC tensors or pushed tensors")
-        return WeightsStatus(op="stage", version=version, path=request.argument)
+        return WeightsPhase(op="stage", version=version, path=request.argument)
 
-    async def _on_every_rank(self, message: WeightsStatus, with_freed: bool = False):
+    async def _on_every_rank(self, phase: WeightsPhase, with_freed: bool = False):
         """Run one phase on this rank and every peer; the first error (or None), and with
         `with_freed` also the bytes freed in total."""
         driver = self.driver
         if driver.control is not None:
-            await driver.control.send_multipart(encode(message))
-        from_peers = asyncio.ensure_future(self._collect(message.op, driver.tp_size - 1))
+            await driver.control.send_multipart(encode(WeightsStatus(phase=phase)))
+        from_peers = asyncio.ensure_future(self._collect(phase.op, driver.tp_size - 1))
         errors, freed = [], 0
         try:
-            freed += await asyncio.wrap_future(driver.executor.run_weights_op(message))
+            freed += await asyncio.wrap_future(driver.executor.run_weights_phase(phase))
         except Exception as exc:
             errors.append(f"rank 0: {type(exc).__name__}: {exc}")
         for ack in await from_peers:
@@ -123,7 +122,7 @@ class WeightsCoordinator:
                 errors.append(f"rank {ack.rank}: {ack.error}")
         error = "; ".join(errors) or None
         if error:
-            log.error("weights %s failed: %s", message.op, error)
+            log.error("weights %s failed: %s", phase.op, error)
         return (error, freed) if with_freed else error
 
     async def _collect(self, op: str, count: int) -> list[WeightsAck]:

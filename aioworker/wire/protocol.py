@@ -13,6 +13,7 @@ import msgspec
 
 from aioworker.core.plan import StepPlan
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.weights_phase import IpcTensor, WeightsOp, WeightsPhase
 
 PROTOCOL_VERSION = 1
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
@@ -84,25 +85,6 @@ class PlanMessage(_Message, tag="plan"):
     plan: StepPlan
 
 
-class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
-    """A CUDA tensor of another process on this host, as torch.multiprocessing shares it: an
-    IPC memory handle plus the layout to rebuild the tensor (no pickle)."""
-
-    name: str
-    dtype: str
-    size: list[int]
-    stride: list[int]
-    offset: int
-    device: int
-    handle: bytes
-    storage_size_bytes: int
-    storage_offset_bytes: int
-    ref_counter_handle: bytes
-    ref_counter_offset: int
-    event_handle: bytes
-    event_sync_required: bool
-
-
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     """A tensor sent as a raw little-endian frame beside the message."""
 
@@ -111,18 +93,10 @@ class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
     shape: list[int]
 
 
-WeightsOp = Literal["stage", "commit", "rollback", "release", "resume"]
-
-
 class WeightsStatus(_Message, tag="weights"):
     """Driver -> peers: one phase of a weights update, or a memory release / resume."""
 
-    op: WeightsOp
-    version: int = 0
-    path: str = ""  # stage: a safetensors directory...
-    ipc_tensors: list[IpcTensor] = []  # ...or tensors shared by a trainer process
-    weights: bool = True  # release: what to free
-    kv_cache: bool = True
+    phase: WeightsPhase
 
 
 class Shutdown(_Message, tag="shutdown"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aioworker.config import load_config
-from aioworker.core.plan import NewSeq, SamplingSpec, StepPlan
+from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.tiny_models import build_tiny_model
 
@@ -36,11 +36,11 @@ def prompts(vocab: int) -> list[list[int]]:
 def prefill_logits(eng, token_ids: list[int]) -> torch.Tensor:
     """Logits at every prompt position through the CUDA runner's eager path."""
     runner = eng.executor.runner
-    num_blocks = -(-len(token_ids) // eng.spec.block_size)
+    num_blocks = -(-len(token_ids) // eng.loaded.block_size)
     plan = StepPlan(
         step_id=-1, seq_ids=[-1], num_scheduled_tokens=[len(token_ids)], start_positions=[0],
         new_block_ids=[list(range(num_blocks))], sample=[True], input_token_ids=token_ids,
-        new_seqs=[NewSeq(-1, len(token_ids), SamplingSpec(0.0, 0, 1.0, None, 0, []))],
+        new_seqs=[NewSeq(-1, len(token_ids), SamplingSettings(0.0, 0, 1.0, None, 0, []))],
         released_seq_ids=[],
     )  # fmt: skip
 
@@ -177,7 +177,9 @@ def test_profiled_cache_keeps_the_process_inside_its_budget() -> None:
         )
         free_after, _ = torch.cuda.mem_get_info()
         used_by_process = (total - free_after) - (total - free_before)
-        assert eng.spec.num_blocks * eng.spec.block_size > 100_000  # a real cache, not a token one
+        assert (
+            eng.loaded.num_blocks * eng.loaded.block_size > 100_000
+        )  # a real cache, not a token one
         assert (total - free_after) <= 0.5 * total, (used_by_process, total)
     finally:
         eng.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioworker.core.plan import NewSeq, SamplingSpec, StepPlan
+from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
 from tests.tiny_models import build_tiny_model
@@ -17,7 +17,7 @@ PROMPT_LENGTHS = (3, 11, 29, 64)
 def prefill_logits(engine, token_ids: list[int]) -> torch.Tensor:
     """Logits at every prompt position, computed by the engine's own model and KV cache."""
     runner = engine.executor.runner
-    num_blocks = -(-len(token_ids) // engine.spec.block_size)
+    num_blocks = -(-len(token_ids) // engine.loaded.block_size)
     plan = StepPlan(
         step_id=-1,
         seq_ids=[-1],
@@ -26,7 +26,7 @@ def prefill_logits(engine, token_ids: list[int]) -> torch.Tensor:
         new_block_ids=[list(range(num_blocks))],
         sample=[True],
         input_token_ids=token_ids,
-        new_seqs=[NewSeq(-1, len(token_ids), SamplingSpec(0.0, 0, 1.0, None, 0, []))],
+        new_seqs=[NewSeq(-1, len(token_ids), SamplingSettings(0.0, 0, 1.0, None, 0, []))],
     )
 
     @torch.inference_mode()

@@ -4,18 +4,22 @@ import pytest
 import torch
 
 from aioworker.compute.sampler import Sampler, SampleRow, derive_seed
-from aioworker.core.plan import SamplingSpec
+from aioworker.core.plan import SamplingSettings
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 CPU = torch.device("cpu")
 
 
-def spec(temperature=1.0, top_k=0, top_p=1.0, seed=None, min_tokens=0, stop=()) -> SamplingSpec:
-    return SamplingSpec(temperature, top_k, top_p, seed, min_tokens, list(stop))
+def settings(
+    temperature=1.0, top_k=0, top_p=1.0, seed=None, min_tokens=0, stop=()
+) -> SamplingSettings:
+    return SamplingSettings(temperature, top_k, top_p, seed, min_tokens, list(stop))
 
 
-def rows(*specs: SamplingSpec, position: int = 10, num_outputs: int = 5) -> list[SampleRow]:
-    return [SampleRow(s, position, num_outputs) for s in specs]
+def rows(
+    *settings_list: SamplingSettings, position: int = 10, num_outputs: int = 5
+) -> list[SampleRow]:
+    return [SampleRow(s, position, num_outputs) for s in settings_list]
 
 
 def random_logits(num_rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -24,21 +28,22 @@ def random_logits(num_rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor
 
 def test_greedy_takes_the_argmax() -> None:
     logits = random_logits(3)
-    out = Sampler(0, CPU)(logits, rows(spec(0.0), spec(0.0), spec(0.0)))
+    out = Sampler(0, CPU)(logits, rows(settings(0.0), settings(0.0), settings(0.0)))
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     logits = random_logits(4)
     out = Sampler(0, CPU)(
-        logits, rows(spec(top_k=1), spec(top_k=1), spec(top_p=1e-6), spec(top_p=1e-6))
+        logits,
+        rows(settings(top_k=1), settings(top_k=1), settings(top_p=1e-6), settings(top_p=1e-6)),
     )
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
 def test_top_k_never_leaves_the_k_likeliest() -> None:
     logits = random_logits(1, vocab=100).repeat(400, 1)
-    out = Sampler(1, CPU)(logits, rows(*[spec(temperature=5.0, top_k=3)] * 400))
+    out = Sampler(1, CPU)(logits, rows(*[settings(temperature=5.0, top_k=3)] * 400))
     allowed = set(logits[0].topk(3).indices.tolist())
     assert set(out.tolist()) <= allowed and len(set(out.tolist())) == 3
 
@@ -46,31 +51,31 @@ def test_top_k_never_leaves_the_k_likeliest() -> None:
 def test_top_p_keeps_the_smallest_prefix_reaching_the_mass() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log().repeat(500, 1)
-    out = Sampler(2, CPU)(logits, rows(*[spec(top_p=0.7)] * 500))
+    out = Sampler(2, CPU)(logits, rows(*[settings(top_p=0.7)] * 500))
     assert set(out.tolist()) == {0, 1}  # 0.5 < 0.7 needs the second token; the third is cut
 
 
 def test_sampling_follows_the_distribution() -> None:
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().repeat(6000, 1)
-    out = Sampler(3, CPU)(logits, rows(*[spec()] * 6000))
+    out = Sampler(3, CPU)(logits, rows(*[settings()] * 6000))
     frequencies = torch.bincount(out, minlength=3).float() / 6000
     assert torch.allclose(frequencies, probs, atol=0.03)
 
 
 def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
     logits = random_logits(5)
-    seeded = spec(temperature=1.0, seed=1234)
+    seeded = settings(temperature=1.0, seed=1234)
     alone = [Sampler(s, CPU)(logits[2:3], rows(seeded)).item() for s in range(3)]
-    in_batch = Sampler(99, CPU)(logits, rows(spec(), spec(0.0), seeded, spec(top_k=5), spec()))[
-        2
-    ].item()
+    in_batch = Sampler(99, CPU)(
+        logits, rows(settings(), settings(0.0), seeded, settings(top_k=5), settings())
+    )[2].item()
     assert alone == [alone[0]] * 3 and in_batch == alone[0]
 
 
 def test_seeded_draws_differ_by_position() -> None:
     logits = torch.zeros(1, 1000)
-    draws = {Sampler(0, CPU)(logits, rows(spec(seed=5), position=p)).item() for p in range(20)}
+    draws = {Sampler(0, CPU)(logits, rows(settings(seed=5), position=p)).item() for p in range(20)}
     assert len(draws) > 10
     assert derive_seed(5, 1) != derive_seed(5, 2) and 0 <= derive_seed(2**62, 7) < 2**63
 
@@ -78,8 +83,8 @@ def test_seeded_draws_differ_by_position() -> None:
 def test_min_tokens_masks_stop_tokens_until_reached() -> None:
     logits = torch.zeros(2, 10)
     logits[:, 3] = 100.0  # the stop token dominates
-    row_spec = spec(0.0, min_tokens=4, stop=[3])
-    early, late = SampleRow(row_spec, 10, 3), SampleRow(row_spec, 11, 4)
+    row_settings = settings(0.0, min_tokens=4, stop=[3])
+    early, late = SampleRow(row_settings, 10, 3), SampleRow(row_settings, 11, 4)
     out = Sampler(0, CPU)(logits, [early, late]).tolist()
     assert out[0] != 3 and out[1] == 3
 

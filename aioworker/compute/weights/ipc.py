@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from aioworker.wire.protocol import IpcTensor
+from aioworker.core.weights_phase import IpcTensor
 
 
 def describe(name: str, tensor: torch.Tensor) -> IpcTensor:

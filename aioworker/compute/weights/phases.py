@@ -4,31 +4,31 @@ driver's admin command, or the driver's WeightsStatus for a peer)."""
 from __future__ import annotations
 
 from aioworker.compute.weights.staging import commit, stage, stage_from_directory
-from aioworker.wire.protocol import WeightsStatus
+from aioworker.core.weights_phase import WeightsPhase
 
 
-def run_weights_op(runner, message: WeightsStatus) -> int:
+def run_weights_phase(runner, phase: WeightsPhase) -> int:
     """Apply one phase; returns bytes freed (release) or 0. Raises on failure."""
-    if message.op == "stage":
-        runner.staged = _stage(runner, message)
-    elif message.op == "commit":
+    if phase.op == "stage":
+        runner.staged = _stage(runner, phase)
+    elif phase.op == "commit":
         _commit(runner)
-    elif message.op == "rollback":
+    elif phase.op == "rollback":
         runner.staged = None
-    elif message.op == "release":
-        return runner.memory.release(message.weights, message.kv_cache)
-    elif message.op == "resume":
+    elif phase.op == "release":
+        return runner.memory.release(phase.weights, phase.kv_cache)
+    elif phase.op == "resume":
         runner.memory.resume()
     return 0
 
 
-def _stage(runner, message: WeightsStatus):
-    if message.ipc_tensors:
+def _stage(runner, phase: WeightsPhase):
+    if phase.ipc_tensors:
         from aioworker.compute.weights.ipc import rebuild
 
-        tensors = ((t.name, rebuild(t)) for t in message.ipc_tensors)
+        tensors = ((t.name, rebuild(t)) for t in phase.ipc_tensors)
         return stage(runner.model, tensors, on_device=True)
-    return stage_from_directory(runner.model, message.path)
+    return stage_from_directory(runner.model, phase.path)
 
 
 def _commit(runner) -> None:
