@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
-from aioworker.cli.admin import send
 from aioworker.compute.loader import checkpoint_files, iterate_checkpoint
 from aioworker.compute.weights.ipc import describe
 from aioworker.config import load_config
+from aioworker.wire.admin_client import send
 from aioworker.wire.protocol import AdminRequest
 
 

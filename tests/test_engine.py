@@ -11,8 +11,8 @@ import pytest
 
 from aioworker.checkpoint.model_config import ModelConfigError
 from aioworker.checkpoint.source import ModelNotFoundError
+from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
-from aioworker.core.sequence import FinishReason
 from tests.conftest import make_engine
 
 NUM_TOKENS = 24

@@ -63,7 +63,7 @@ def admin(
     **fields,
 ):
     """One admin request (any AdminRequest fields), or None after `timeout` seconds."""
-    from aioworker.cli.admin import send
+    from aioworker.wire.admin_client import send
 
     reply = send(config, group, AdminRequest(command=command, argument=argument, **fields), timeout)
     return reply.reply if reply.is_reachable else None

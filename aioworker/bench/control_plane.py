@@ -22,9 +22,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from aioworker.cli.admin import send as admin_send
 from aioworker.config import WorkerConfig, load_config
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.admin_client import send as admin_send
 from aioworker.wire.client import Client
 from aioworker.wire.protocol import RESULT_DECODER, AdminRequest, SubmitRequest, encode
 from aioworker.wire.transport import client_reply_endpoint, group_endpoints

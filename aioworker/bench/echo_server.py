@@ -13,7 +13,8 @@ import time
 import msgspec
 import zmq
 
-from aioworker.wire.protocol import TASK_DECODER, Outputs, TokenDelta, encode
+from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.wire.protocol import TASK_DECODER, Outputs, encode
 
 
 def serve(mode: str, task_endpoint: str) -> None:
@@ -36,8 +37,8 @@ def serve(mode: str, task_endpoint: str) -> None:
         if sock is None:
             sock = replies[request.reply_to] = context.socket(zmq.PUSH)
             sock.connect(request.reply_to)
-        delta = TokenDelta(request.request_id, [1], "length", None, 0)
-        sock.send_multipart(encode(Outputs(group=0, step_id=0, deltas=[delta])))
+        output = RequestOutput(request.request_id, [1], FinishReason.LENGTH)
+        sock.send_multipart(encode(Outputs(group=0, outputs=[output])))
 
 
 if __name__ == "__main__":

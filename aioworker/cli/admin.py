@@ -7,62 +7,20 @@ import argparse
 import json
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
-from aioworker.config import ConfigError, RuntimeOptions, WorkerConfig
-from aioworker.wire.protocol import (
-    ADMIN_REPLY_DECODER,
-    AdminReply,
-    AdminRequest,
-    ProtocolError,
-    encode,
-)
-from aioworker.wire.security import ClientSecurity
-from aioworker.wire.transport import group_endpoints
+from aioworker.config import ConfigError, WorkerConfig
+from aioworker.wire.admin_client import GroupReply, default_timeout, send
+from aioworker.wire.admin_commands import ADMIN_COMMANDS, LOG_LEVELS
+from aioworker.wire.protocol import AdminRequest
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-# command -> (its argument: None, "optional" or "required"; usage; help)
-COMMANDS: dict[str, tuple[str | None, str, str]] = {
-    "status": (None, "status", "state, queue depths, KV blocks, counters and model of the group"),
-    "pause": (None, "pause", "stop stepping: running requests hold, new ones queue"),
-    "resume": (None, "resume", "step again after pause"),
-    "drain": (
-        "optional",
-        "drain [DEADLINE_S]",
-        "refuse new requests, finish those in flight, then stop; abort what still runs "
-        f"after DEADLINE_S seconds (default {RuntimeOptions().drain_timeout_s:g}, runtime.drain_timeout_s)",
-    ),
-    "abort": ("required", "abort REQUEST_ID", "abort one request; its client gets 'abort'"),
-    "shutdown": (None, "shutdown", "abort every request and stop the group now"),
-    "set-log-level": ("required", "set-log-level LEVEL", f"one of {', '.join(LOG_LEVELS)}"),
-    "update-weights": (
-        "required",
-        "update-weights DIR",
-        "load new weights from a safetensors directory on every rank, checked before anything "
-        "is replaced (all ranks or none); --version V names them, --mode wait|keep|abort says "
-        "what running requests do: finish first, continue on the new weights, or end",
-    ),
-    "release-memory": (
-        None,
-        "release-memory",
-        "free device memory: --weights and/or --kv-cache (default both); steps hold until "
-        "resume-memory",
-    ),
-    "resume-memory": (None, "resume-memory", "restore the weights and KV cache and serve again"),
-}
-# Weights and memory commands can take minutes: their default wait is longer.
-LONG_TIMEOUT_S = 600.0
 
 EPILOG = "commands:\n" + "\n".join(
-    textwrap.fill(text, 92, initial_indent=f"  {usage:22}", subsequent_indent=" " * 24)
-    for _, usage, text in COMMANDS.values()
+    textwrap.fill(info.help, 92, initial_indent=f"  {info.usage:22}", subsequent_indent=" " * 24)
+    for info in ADMIN_COMMANDS.values()
 )
 EPILOG += """
 
@@ -70,19 +28,14 @@ exit status: 0 every group replied ok; 1 a group refused the command; 2 bad argu
 3 a group did not reply within --timeout (not running, or a different runtime.name)"""
 
 
-@dataclass(frozen=True, slots=True)
-class GroupReply:
-    group: int
-    reply: AdminReply
-    # False when no reply came within the timeout (reply then says so).
-    is_reachable: bool = True
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     parser.add_argument(
-        "admin_command", choices=list(COMMANDS), metavar="COMMAND", help="one of the commands below"
+        "admin_command",
+        choices=list(ADMIN_COMMANDS),
+        metavar="COMMAND",
+        help="one of the commands below",
     )
     parser.add_argument(
         "argument", nargs="?", default="", metavar="ARG", help="the command's argument, if any"
@@ -150,19 +103,13 @@ def build_request(args: argparse.Namespace) -> AdminRequest:
     )
 
 
-def default_timeout(command: str) -> float:
-    return (
-        LONG_TIMEOUT_S if command in ("update-weights", "release-memory", "resume-memory") else 5.0
-    )
-
-
 def argument_error(command: str, argument: str) -> str | None:
     """Why `command argument` is malformed, checked before anything is sent."""
-    kind, usage, _ = COMMANDS[command]
-    if kind is None and argument:
-        return f"{command} takes no argument (got {argument!r}); usage: {usage}"
-    if kind == "required" and not argument:
-        return f"{command} needs an argument; usage: {usage}"
+    info = ADMIN_COMMANDS[command]
+    if info.argument == "none" and argument:
+        return f"{command} takes no argument (got {argument!r}); usage: {info.usage}"
+    if info.argument == "required" and not argument:
+        return f"{command} needs an argument; usage: {info.usage}"
     if command == "set-log-level" and argument.upper() not in LOG_LEVELS:
         return f"log level {argument!r} is not one of {', '.join(LOG_LEVELS)}"
     if command == "drain" and argument:
@@ -190,49 +137,6 @@ def selected_groups(config: WorkerConfig, group: int | None) -> list[int]:
             "(parallel.data_parallel_size)"
         )
     return [group]
-
-
-def send(
-    config: WorkerConfig,
-    group: int,
-    request: AdminRequest,
-    timeout_s: float,
-    raw_frames: list[bytes] | None = None,
-) -> GroupReply:
-    """One request to one group's driver over a DEALER socket (a CURVE client when [security]
-    has keys), waiting up to timeout_s."""
-    endpoint = group_endpoints(config.runtime, group, config.parallel.tensor_parallel_size).admin
-    security = ClientSecurity.from_config(config)
-    context = zmq.Context()
-    try:
-        with context.socket(zmq.DEALER) as sock:
-            sock.setsockopt(zmq.LINGER, 0)
-            for option, value in security.connect_options(endpoint).items():
-                sock.setsockopt(option, value)
-            sock.connect(endpoint)
-            # Pushed tensors travel as raw frames after the message (update-weights).
-            sock.send_multipart([*encode(request), *(raw_frames or [])])
-            if sock.poll(int(timeout_s * 1000)):
-                return GroupReply(group, decode_reply(sock.recv_multipart(), endpoint))
-    finally:
-        context.term()
-    message = (
-        f"no reply from {endpoint} within {timeout_s:g}s; is the group's driver running "
-        f"under runtime.name={config.runtime.name!r}?"
-    )
-    if security.is_enabled:
-        message += (
-            " With CURVE on, check that security.server_public_key_file is the driver's and "
-            "that this client's .key file is in the driver's authorized_clients_dir."
-        )
-    return GroupReply(group, AdminReply(ok=False, message=message), is_reachable=False)
-
-
-def decode_reply(frames: list[bytes], endpoint: str) -> AdminReply:
-    try:
-        return ADMIN_REPLY_DECODER.decode(frames)
-    except ProtocolError as exc:
-        return AdminReply(ok=False, message=f"unreadable reply from {endpoint}: {exc}")
 
 
 def show(result: GroupReply, command: str, as_json: bool) -> None:

@@ -112,7 +112,7 @@ def _run_offline(args, config, prompts: list, params: SamplingParams) -> int:
         index_of = {rid: index for index, rid in enumerate(request_ids)}
         for out in engine.stream():
             reason = None if out.finish_reason is None else str(out.finish_reason)
-            printer.add(index_of[out.request_id], out.new_token_ids, reason)
+            printer.add(index_of[out.request_id], out.token_ids, reason)
         return printer.finish()
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
+from aioworker.core.outputs import Completion
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     TASK_DECODER,
@@ -52,7 +53,7 @@ def load_recording(path: str) -> dict[str, Recorded]:
         except ProtocolError:
             continue  # a malformed frame was recorded as received; it produced no request
         if isinstance(message, Outputs):
-            for delta in message.deltas:
+            for delta in message.outputs:
                 recorded = requests.get(delta.request_id)
                 if recorded is not None and recorded.finish_reason is None:
                     recorded.token_ids += delta.token_ids
@@ -90,12 +91,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if mismatches else 0
 
 
-def _drain(engine) -> dict:
-    from aioworker.engine import Completion
-
+def _drain(engine) -> dict[str, Completion]:
     completions: dict[str, Completion] = {}
     for out in engine.stream():
-        completion = completions.setdefault(out.request_id, Completion(out.request_id, []))
-        completion.token_ids += out.new_token_ids
-        completion.finish_reason = out.finish_reason
+        completions.setdefault(out.request_id, Completion(out.request_id)).add(out)
     return completions

@@ -12,12 +12,9 @@ from __future__ import annotations
 from collections import deque
 
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.plan import PENDING_TOKEN, NewSeq, SamplingSettings, StepPlan, StepResult
-from aioworker.core.sequence import FinishReason, SeqStatus, Sequence
-
-# (request_id, sampled token, finish reason or None): a plain tuple, because update() makes
-# one per running sequence per step.
-SeqOutput = tuple[str, int, FinishReason | None]
+from aioworker.core.sequence import SeqStatus, Sequence
 
 
 class _PlanBuilder:
@@ -81,6 +78,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}
+        # The same unfinished sequences by request id: aborts name requests.
+        self.seqs_by_request: dict[str, Sequence] = {}
         self.num_preemptions = 0
         # False holds waiting requests back (a weights update in `wait` mode lets the running
         # ones finish first).
@@ -91,9 +90,10 @@ class Scheduler:
     # -- requests in and out ------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        if seq.seq_id in self.seqs:
-            raise ValueError(f"sequence {seq.seq_id} is already scheduled")
+        if seq.seq_id in self.seqs or seq.request_id in self.seqs_by_request:
+            raise ValueError(f"sequence {seq.seq_id} ({seq.request_id!r}) is already scheduled")
         self.seqs[seq.seq_id] = seq
+        self.seqs_by_request[seq.request_id] = seq
         self.waiting.append(seq)
 
     def abort(self, seq_id: int) -> Sequence | None:
@@ -128,12 +128,15 @@ class Scheduler:
             self._schedule_waiting(budget, builder)
         return self._build_plan(builder) if builder.seq_ids else None
 
-    def update(self, plan: StepPlan, result: StepResult) -> list[SeqOutput]:
+    def update(
+        self, plan: StepPlan, result: StepResult, weights_version: int = 0
+    ) -> list[RequestOutput]:
         """Append sampled tokens, finish sequences that stop; returns one output per sampled token."""
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         sampled = iter(result.sampled_token_ids)
-        outputs: list[SeqOutput] = []
+        outputs: list[RequestOutput] = []
+        step_id = plan.step_id
         find, running = self.seqs.get, SeqStatus.RUNNING  # locals: this loop runs per sequence
         finished = False
         for seq_id, do_sample in zip(plan.seq_ids, plan.sample, strict=True):
@@ -152,7 +155,9 @@ class Scheduler:
             if reason is not None:
                 self._finish(seq, reason, still_listed=True)
                 finished = True
-            outputs.append((seq.request_id, token_id, reason))
+            outputs.append(
+                RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
+            )
         if finished:  # one pass instead of a list.remove per finished sequence
             self.running = [seq for seq in self.running if seq.status is running]
         return outputs
@@ -251,6 +256,7 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self.seqs[seq.seq_id]
+        del self.seqs_by_request[seq.request_id]
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         num_outputs = len(seq.token_ids) - seq.num_prompt_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import SamplingParams
 
 
@@ -11,12 +12,6 @@ class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # a stop token (EOS included) was sampled
-    LENGTH = "length"  # max_tokens or max_model_len reached
-    ABORT = "abort"
 
 
 class Sequence:

@@ -1,118 +1,158 @@
-"""Admin commands on the driver: status, pause, resume, drain, abort, shutdown, set-log-level."""
+"""Admin commands on the driver (the table is wire/admin_commands.py). Status answers from the
+start; the rest once the group serves. Weights and memory commands may take minutes: they are
+answered when done, while status and the rest stay live."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from aioworker.runtime.state import RankState
-from aioworker.wire.protocol import AdminReply, AdminRequest
+import zmq.asyncio
 
-if TYPE_CHECKING:
-    from aioworker.runtime.driver import Driver
-
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-LONG_COMMANDS = frozenset({"update-weights", "release-memory", "resume-memory"})
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.weights import WeightsCoordinator
+from aioworker.wire.admin_commands import ADMIN_COMMANDS, LOG_LEVELS, LONG_COMMANDS
+from aioworker.wire.health import RankState
+from aioworker.wire.protocol import ADMIN_DECODER, AdminReply, AdminRequest, ProtocolError, encode
 
 
-async def handle_long(driver: Driver, request: AdminRequest, raw_frames: list[bytes]) -> AdminReply:
-    """Weights and memory commands: they hold the group and may take minutes."""
-    if driver.scheduler is None:
+class AdminHandler:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        status: Callable[[], dict[str, Any]],
+        spawn: Callable[[Coroutine], asyncio.Task],
+        rejected: DropCounter,
+        drain_timeout_s: float,
+    ) -> None:
+        self.sock = sock
+        self.status = status
+        self.spawn = spawn
+        self.rejected = rejected
+        self.drain_timeout_s = drain_timeout_s
+        self.control: GroupControl | None = None
+        self.weights: WeightsCoordinator | None = None
+
+    def serve_group(self, control: GroupControl, weights: WeightsCoordinator) -> None:
+        """The group is loaded: every command is answered from now on."""
+        self.control, self.weights = control, weights
+
+    async def loop(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            frames = await self.sock.recv_multipart()
+            identity, body = frames[0], frames[1:]
+            # A REQ client puts an empty delimiter before the body; echo it back.
+            delimiter = [b""] if body[:1] == [b""] else []
+            frames = body[len(delimiter) :]
+            route = [identity, *delimiter]
+            try:
+                request = ADMIN_DECODER.decode(frames[:2])
+            except ProtocolError as exc:
+                self.rejected.count(f"admin channel: {exc}")
+                await self.sock.send_multipart(
+                    [*route, *encode(AdminReply(ok=False, message=str(exc)))]
+                )
+                continue
+            if request.command in LONG_COMMANDS:
+                self.spawn(self._answer_long(route, request, frames[2:]))
+                continue
+            await self.sock.send_multipart([*route, *encode(self.handle(request))])
+
+    def handle(self, request: AdminRequest) -> AdminReply:
+        if request.command == "status":
+            data = self.status()
+            return AdminReply(ok=True, message=data["state"], data=data)
+        if request.command == "set-log-level":
+            return set_log_level(request.argument)
+        if self.control is None:
+            return self._not_ready()
+        return _HANDLERS[request.command](self, request.argument)
+
+    async def handle_long(self, request: AdminRequest, raw_frames: list[bytes]) -> AdminReply:
+        """Weights and memory commands: they hold the group and may take minutes."""
+        if self.weights is None:
+            return self._not_ready()
+        if request.command == "update-weights":
+            return await self.weights.update(request, raw_frames)
+        if request.command == "release-memory":
+            return await self.weights.release(request)
+        return await self.weights.resume()
+
+    async def _answer_long(self, route: list[bytes], request, raw_frames: list[bytes]) -> None:
+        try:
+            reply = await self.handle_long(request, raw_frames)
+        except Exception as exc:
+            reply = AdminReply(
+                ok=False, message=f"{request.command} failed: {type(exc).__name__}: {exc}"
+            )
+        await self.sock.send_multipart([*route, *encode(reply)])
+
+    def _not_ready(self) -> AdminReply:
+        state = self.status()["state"]
+        return AdminReply(ok=False, message=f"worker is {state.lower()}; try again when READY")
+
+    # -- the short commands -------------------------------------------------------------------
+
+    def pause(self, _: str) -> AdminReply:
+        control = self.control
+        if control.state is not RankState.READY:
+            return AdminReply(ok=False, message=f"cannot pause: worker is {control.state}")
+        control.move(RankState.PAUSED)
+        return AdminReply(ok=True, message="paused: running requests hold; new ones queue")
+
+    def resume(self, _: str) -> AdminReply:
+        control = self.control
+        if control.state is not RankState.PAUSED:
+            return AdminReply(
+                ok=False, message=f"cannot resume: worker is {control.state}, not PAUSED"
+            )
+        control.move(RankState.READY)
+        control.wake()
+        return AdminReply(ok=True, message="resumed")
+
+    def drain(self, argument: str) -> AdminReply:
+        try:
+            deadline = float(argument) if argument else self.drain_timeout_s
+        except ValueError:
+            return AdminReply(
+                ok=False, message=f"drain deadline {argument!r} is not a number of seconds"
+            )
+        in_flight = len(self.control.requests)
+        self.control.start_drain(deadline)
         return AdminReply(
-            ok=False, message=f"worker is {driver.state.lower()}; try again when READY"
+            ok=True, message=f"draining {in_flight} request(s); deadline {deadline:g}s"
         )
-    if request.command == "update-weights":
-        return await driver.weights.update(request, raw_frames)
-    if request.command == "release-memory":
-        return await driver.weights.release(request)
-    return await driver.weights.resume()
 
+    def abort(self, request_id: str) -> AdminReply:
+        if self.control.abort(request_id, "aborted by an operator"):
+            return AdminReply(ok=True, message=f"aborted {request_id}")
+        return AdminReply(ok=False, message=f"no request {request_id!r} in flight")
 
-def handle(driver: Driver, request: AdminRequest) -> AdminReply:
-    if request.command == "status":
-        return AdminReply(ok=True, message=str(driver.state), data=status(driver))
-    if request.command == "set-log-level":
-        return set_log_level(request.argument)
-    if driver.scheduler is None:
-        return AdminReply(
-            ok=False, message=f"worker is {driver.state.lower()}; try again when READY"
-        )
-    handler = _HANDLERS[request.command]
-    return handler(driver, request.argument)
-
-
-def status(driver: Driver) -> dict[str, Any]:
-    running, waiting, used, total = driver.queue_depths()
-    return {
-        "group": driver.group,
-        "state": str(driver.state),
-        "detail": driver.detail,
-        "step_id": driver.step_id,
-        "num_running": running,
-        "num_waiting": waiting,
-        "kv_blocks_used": used,
-        "kv_blocks_total": total,
-        "num_requests": len(driver.requests),
-        "num_tokens_generated": driver.num_tokens_generated,
-        "num_rejected_frames": driver.rejected.total,
-        "num_dropped_outputs": driver.results.drops.total,
-        "loop_us_per_step": round(driver.loop_time.mean * 1e6, 1),
-        "loop_cpu_us_per_step": round(driver.loop_cpu_time.mean * 1e6, 1),
-        "weights_version": driver.weights_version,
-        "last_weights_update_s": driver.weights.last_update_s,
-        "tensor_parallel_size": driver.config.parallel.tensor_parallel_size,
-        "model": str(driver.loaded.model_dir) if driver.loaded else None,
-    }
-
-
-def pause(driver: Driver, _: str) -> AdminReply:
-    if driver.state is not RankState.READY:
-        return AdminReply(ok=False, message=f"cannot pause: worker is {driver.state}")
-    driver.state = RankState.PAUSED
-    return AdminReply(ok=True, message="paused: running requests hold; new ones queue")
-
-
-def resume(driver: Driver, _: str) -> AdminReply:
-    if driver.state is not RankState.PAUSED:
-        return AdminReply(ok=False, message=f"cannot resume: worker is {driver.state}, not PAUSED")
-    driver.state = RankState.READY
-    driver.work.set()
-    return AdminReply(ok=True, message="resumed")
-
-
-def drain(driver: Driver, argument: str) -> AdminReply:
-    try:
-        deadline = float(argument) if argument else driver.config.runtime.drain_timeout_s
-    except ValueError:
-        return AdminReply(
-            ok=False, message=f"drain deadline {argument!r} is not a number of seconds"
-        )
-    in_flight = len(driver.requests)
-    driver.start_drain(deadline)
-    return AdminReply(ok=True, message=f"draining {in_flight} request(s); deadline {deadline:g}s")
-
-
-def abort(driver: Driver, request_id: str) -> AdminReply:
-    if driver.abort(request_id, "aborted by an operator"):
-        return AdminReply(ok=True, message=f"aborted {request_id}")
-    return AdminReply(ok=False, message=f"no request {request_id!r} in flight")
-
-
-def shutdown(driver: Driver, _: str) -> AdminReply:
-    count = driver.abort_all("worker shutting down")
-    driver.stop()
-    return AdminReply(ok=True, message=f"shutting down; aborted {count} request(s)")
+    def shutdown(self, _: str) -> AdminReply:
+        count = self.control.abort_all("worker shutting down")
+        self.control.stop()
+        return AdminReply(ok=True, message=f"shutting down; aborted {count} request(s)")
 
 
 def set_log_level(level: str) -> AdminReply:
-    if level.upper() not in _LEVELS:
+    if level.upper() not in LOG_LEVELS:
         return AdminReply(
-            ok=False, message=f"log level {level!r} is not one of {', '.join(_LEVELS)}"
+            ok=False, message=f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}"
         )
     logging.getLogger().setLevel(level.upper())
     return AdminReply(ok=True, message=f"log level set to {level.upper()}")
 
 
-_HANDLERS = {"pause": pause, "resume": resume, "drain": drain, "abort": abort, "shutdown": shutdown}
+_HANDLERS: dict[str, Callable[[AdminHandler, str], AdminReply]] = {
+    "pause": AdminHandler.pause,
+    "resume": AdminHandler.resume,
+    "drain": AdminHandler.drain,
+    "abort": AdminHandler.abort,
+    "shutdown": AdminHandler.shutdown,
+}
+# Every command of the table has exactly one handler here.
+assert set(_HANDLERS) | {"status", "set-log-level"} | LONG_COMMANDS == set(ADMIN_COMMANDS)

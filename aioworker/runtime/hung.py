@@ -9,28 +9,30 @@ import logging
 import sys
 import time
 
-from aioworker.runtime.rank import FatalError
+from aioworker.runtime.lifecycle import FatalError
+from aioworker.runtime.progress import StepProgress
 from aioworker.runtime.state import ExitCode
 
 log = logging.getLogger(__name__)
 
 
-async def watch_for_hung_steps(program, timeout_s: float) -> None:
-    """Raises FatalError(HUNG) when the oldest step in flight is older than `timeout_s`."""
+async def watch_for_hung_steps(progress: StepProgress) -> None:
+    """Raises FatalError(HUNG) when the oldest step in flight is older than the timeout."""
+    timeout_s = progress.hung_step_timeout_s
     if timeout_s <= 0:
         return
     while True:
         await asyncio.sleep(min(timeout_s / 4, 1.0))
-        started = program.step_started_at
+        started = progress.started_at
         if started is None or time.monotonic() - started <= timeout_s:
             continue
         age = time.monotonic() - started
         log.critical(
-            "step %d has run for %.1fs; stacks of every thread follow", program.step_id, age
+            "step %d has run for %.1fs; stacks of every thread follow", progress.step_id, age
         )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         raise FatalError(
             ExitCode.HUNG,
-            f"step {program.step_id} made no progress for {age:.1f}s "
+            f"step {progress.step_id} made no progress for {age:.1f}s "
             f"(runtime.hung_step_timeout_s = {timeout_s:g})",
         )

@@ -9,11 +9,10 @@ import time
 import zmq
 import zmq.asyncio
 
-from aioworker.runtime.rank import FatalError
+from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.state import ExitCode
+from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
-
-STALE_AFTER_INTERVALS = 3
 
 
 class LivenessWatch:
@@ -51,7 +50,7 @@ class LivenessWatch:
 
     def check(self, now: float) -> None:
         for rank, deadline in self.deadlines.items():
-            if self.states.get(rank) == "FAILED":
+            if self.states.get(rank) == RankState.FAILED:
                 raise FatalError(ExitCode.PEER_LOST, f"rank {rank} reported FAILED")
             if now > deadline:
                 raise FatalError(

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from aioworker.runtime.heartbeat import ServingInfo
 
 log = logging.getLogger(__name__)
 
@@ -17,39 +20,48 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class WorkerMetrics:
-    def __init__(self, driver, port: int, host: str) -> None:
+    def __init__(
+        self, group: int, port: int, host: str, serving_info: Callable[[], ServingInfo]
+    ) -> None:
         self.registry = CollectorRegistry()
-        group = str(driver.group)
+        label = str(group)
 
         def gauge(name: str, doc: str, read) -> None:
-            Gauge(name, doc, ["group"], registry=self.registry).labels(group).set_function(read)
+            Gauge(name, doc, ["group"], registry=self.registry).labels(label).set_function(read)
 
-        def depth(index: int) -> float:
-            return float(driver.queue_depths()[index])
+        def running() -> float:
+            return float(serving_info().num_running)
 
-        gauge("aioworker:num_requests_running", "Requests being computed.", lambda: depth(0))
-        gauge("aioworker:num_requests_waiting", "Requests queued for admission.", lambda: depth(1))
+        def waiting() -> float:
+            return float(serving_info().num_waiting)
+
+        def usage() -> float:
+            info = serving_info()
+            return info.kv_blocks_used / info.kv_blocks_total if info.kv_blocks_total else 0.0
+
+        gauge("aioworker:num_requests_running", "Requests being computed.", running)
+        gauge("aioworker:num_requests_waiting", "Requests queued for admission.", waiting)
         gauge(
             "aioworker:kv_cache_usage_perc",
             "Fraction of KV blocks in use (0 to 1).",
-            lambda: _usage(driver),
+            usage,
         )
         self.ttft = self._histogram(
-            "aioworker:time_to_first_token_seconds", "Submit to first token.", group
+            "aioworker:time_to_first_token_seconds", "Submit to first token.", label
         )
         self.itl = self._histogram(
             "aioworker:time_per_output_token_seconds",
             "Time between a step's tokens and the previous step's.",
-            group,
+            label,
         )
         self.e2e = self._histogram(
-            "aioworker:e2e_request_latency_seconds", "Submit to terminal output.", group
+            "aioworker:e2e_request_latency_seconds", "Submit to terminal output.", label
         )
         self.prompt_tokens = self._counter(
-            "aioworker:prompt_tokens_total", "Prompt tokens admitted.", group
+            "aioworker:prompt_tokens_total", "Prompt tokens admitted.", label
         )
         self.generation_tokens = self._counter(
-            "aioworker:generation_tokens_total", "Tokens generated.", group
+            "aioworker:generation_tokens_total", "Tokens generated.", label
         )
         self.finished = Counter(
             "aioworker:request_success_total",
@@ -57,7 +69,7 @@ class WorkerMetrics:
             ["group", "finished_reason"],
             registry=self.registry,
         )
-        self.group = group
+        self.group = label
         self._last_step_at: float | None = None
         start_http_server(port, addr=host, registry=self.registry)
         log.info("metrics on http://%s:%d/metrics", host, port)
@@ -80,8 +92,3 @@ class WorkerMetrics:
     def on_finished(self, arrival: float, reason: str) -> None:
         self.e2e.observe(time.monotonic() - arrival)
         self.finished.labels(self.group, reason).inc()
-
-
-def _usage(driver) -> float:
-    _, _, used, total = driver.queue_depths()
-    return used / total if total else 0.0

@@ -1,111 +1,100 @@
-"""What every rank's asyncio program shares: state (told to systemd as it changes), heartbeats,
-loading off the loop, tasks that fail the rank when they crash, and the startup / serve /
-shutdown skeleton."""
+"""What every rank's asyncio program shares, driver or peer: start-up (heartbeats first, then the
+role's sockets, then the load off the loop), serving until stopped, and shutdown. The role adds
+its own sockets and concerns through the `RankRole` interface."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
 
 from aioworker.config import WorkerConfig
-from aioworker.runtime.heartbeat import publish_heartbeats
+from aioworker.core.executor import Executor
+from aioworker.core.loaded_rank import LoadedRank
+from aioworker.runtime.concerns import Concerns
+from aioworker.runtime.heartbeat import HeartbeatSource, ServingInfo
+from aioworker.runtime.lifecycle import FatalError, RankLifecycle
 from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed_watchdog
-from aioworker.runtime.state import ExitCode, RankState
-from aioworker.wire.protocol import Heartbeat, encode
+from aioworker.runtime.progress import StepProgress
+from aioworker.runtime.state import ExitCode
+from aioworker.wire.health import RankState
+from aioworker.wire.protocol import encode
 from aioworker.wire.transport import group_endpoints, make_socket
 
 log = logging.getLogger(__name__)
 
-# Builds the rank's compute (model, cache, executor thread); runs in a worker thread.
-BuildFn = Callable[[], tuple[Any, Any]]
-
-STARTING_STATES = frozenset(
-    {RankState.STARTING, RankState.LOADING, RankState.PROFILING, RankState.WARMING}
-)
-STOPPING_STATES = frozenset({RankState.DRAINING, RankState.STOPPED, RankState.FAILED})
-# What systemd shows after the state's name (`systemctl status`); the rest show the name alone.
-STATUS_PHRASES = {
-    RankState.LOADING: "LOADING model",
-    RankState.PROFILING: "PROFILING memory",
-    RankState.WARMING: "WARMING up",
-    RankState.DRAINING: "DRAINING requests in flight",
-}
+# Builds the rank's compute (model, cache, executor thread) on a daemon thread; the argument
+# reports start-up phases (PROFILING, WARMING) as they begin.
+BuildFn = Callable[[Callable[[str], None]], tuple[Executor, LoadedRank]]
 
 
-class FatalError(RuntimeError):
-    def __init__(self, code: ExitCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
+class RankRole(Protocol):
+    """What the driver and a peer add to the shared rank."""
+
+    def bind(self) -> None:
+        """Create the role's sockets and start-up concerns, before the (long) load."""
+
+    async def serve(self, executor: Executor, loaded: LoadedRank) -> None:
+        """Start serving once loaded."""
+
+    async def close(self) -> None:
+        """Last words before the sockets close (terminal outputs, Shutdown to peers)."""
+
+    def serving_info(self) -> ServingInfo: ...
+
+    def on_stop_signal(self) -> None:
+        """SIGTERM or SIGINT arrived."""
 
 
-class RankProgram:
+class Rank:
     def __init__(
         self,
         config: WorkerConfig,
         group: int,
         rank: int,
-        build: BuildFn,
         notifier: SystemdNotifier | None = None,
     ) -> None:
         self.config = config
         self.group = group
         self.rank = rank
-        self.build = build
         self.endpoints = group_endpoints(
             config.runtime, group, config.parallel.tensor_parallel_size
         )
         self.context = zmq.asyncio.Context()
         self.notifier = notifier if notifier is not None else SystemdNotifier({})
-        self._told_ready = self._told_stopping = False
-        self._watched_step_id = -1
-        self.detail = ""
-        self.state = RankState.STARTING
-        self.exit_code = ExitCode.OK
-        self.executor: Any = None
-        self.loaded: Any = None
-        self.step_id = -1
-        self.step_started_at: float | None = None
-        self.weights_version = 0
-        self.num_tokens_generated = 0
-        self._beat_tokens = 0
-        self._beat_time = time.monotonic()
-        self._tasks: set[asyncio.Task] = set()
+        self.lifecycle = RankLifecycle(group, rank, self.notifier)
+        self.progress = StepProgress(config.runtime.hung_step_timeout_s)
+        self.concerns = Concerns(self.lifecycle)
+        self.executor: Executor | None = None
         self._sockets: list[zmq.asyncio.Socket] = []
-        self.stopped: asyncio.Event | None = None
         self._beat_socket: zmq.asyncio.Socket | None = None
+        self._beats: HeartbeatSource | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def run(self) -> int:
-        self.stopped = asyncio.Event()
+    async def run(self, role: RankRole, build: BuildFn) -> int:
+        """Start, serve until stopped, shut down; returns the exit code."""
         try:
-            await self._start_unless_stopped()
-            await self.stopped.wait()
+            await self._start_unless_stopped(role, build)
+            await self.lifecycle.stopped.wait()
         except FatalError as exc:
-            self.fail(exc.code, str(exc))
+            self.lifecycle.fail(exc.code, str(exc))
         except Exception as exc:
             log.exception("rank %d of group %d failed", self.rank, self.group)
-            self.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")
+            self.lifecycle.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
-            await self.shutdown()
-        return int(self.exit_code)
+            await self._shutdown(role)
+        return int(self.lifecycle.exit_code)
 
-    def _enter_phase(self, state: RankState) -> None:
-        if not self.state.is_final:
-            self.state = state
-
-    async def _start_unless_stopped(self) -> None:
+    async def _start_unless_stopped(self, role: RankRole, build: BuildFn) -> None:
         """A stop (signal, admin) during a long load or peer wait ends start-up at once."""
-        startup = asyncio.ensure_future(self.startup())
-        stop = asyncio.ensure_future(self.stopped.wait())
+        startup = asyncio.ensure_future(self._startup(role, build))
+        stop = asyncio.ensure_future(self.lifecycle.stopped.wait())
         await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if not startup.done():
@@ -114,37 +103,35 @@ class RankProgram:
             return
         startup.result()
 
-    async def startup(self) -> None:
+    async def _startup(self, role: RankRole, build: BuildFn) -> None:
         self._beat_socket = self.socket(zmq.PUB, bind=self.endpoints.heartbeats[self.rank])
         interval = self.config.runtime.heartbeat_interval_s
-        self.spawn(publish_heartbeats(self._beat_socket, self.heartbeat, interval))
+        self._beats = HeartbeatSource(
+            self.group, self.rank, interval, self.lifecycle, self.progress, role.serving_info
+        )
+        self.spawn(self._beats.publish(self._beat_socket))
         if self.notifier.is_enabled:
-            self.spawn(extend_start_timeout(self.notifier, self.is_starting))
-        self.bind_sockets()
-        self.state = RankState.LOADING
+            self.spawn(extend_start_timeout(self.notifier, self.lifecycle.is_starting))
+        role.bind()
+        self.lifecycle.move(RankState.LOADING)
         loop = asyncio.get_running_loop()
 
         def report_phase(state: str) -> None:
             """Called by the build thread (PROFILING, WARMING): the state belongs to the loop."""
-            loop.call_soon_threadsafe(self._enter_phase, RankState(state))
+            loop.call_soon_threadsafe(self.lifecycle.enter_start_phase, RankState(state))
 
-        self.executor, self.loaded = await run_in_daemon_thread(lambda: self.build(report_phase))
-        await self.serve()
-        self.feed_systemd_watchdog()
+        self.executor, loaded = await run_in_daemon_thread(lambda: build(report_phase))
+        await role.serve(self.executor, loaded)
+        interval = self.notifier.watchdog_interval_s
+        if self.notifier.is_enabled and interval:
+            self.spawn(feed_watchdog(self.notifier, interval / 2, self.is_progressing))
 
-    def bind_sockets(self) -> None:
-        """Subclasses create their sockets here, before the (long) load."""
-
-    async def serve(self) -> None:
-        """Subclasses start their tasks here once loaded."""
-
-    async def shutdown(self) -> None:
-        if not self.state.is_final:
-            self.state = RankState.STOPPED
-        await self.flush_last_beat()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def _shutdown(self, role: RankRole) -> None:
+        if not self.lifecycle.state.is_final:
+            self.lifecycle.move(RankState.STOPPED)
+        await role.close()
+        await self._flush_last_beat()
+        await self.concerns.cancel_all()
         if self.executor is not None and not self.executor.shutdown(timeout=5.0):
             log.warning(
                 "the executor thread did not stop within 5s (stuck in a step); exiting anyway"
@@ -153,138 +140,36 @@ class RankProgram:
             sock.close(linger=0)
         self.context.term()
 
-    async def flush_last_beat(self) -> None:
+    async def _flush_last_beat(self) -> None:
         """Publish the final state (STOPPED / FAILED) once more so monitors see it at once."""
-        if self._beat_socket is None:
+        if self._beat_socket is None or self._beats is None:
             return
         try:
-            await self._beat_socket.send_multipart(encode(self.heartbeat()), flags=zmq.NOBLOCK)
+            await self._beat_socket.send_multipart(encode(self._beats.make()), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             return
         self._sockets.remove(self._beat_socket)
         self._beat_socket.close(linger=500)  # let the last beat leave
 
-    def stop(self) -> None:
-        if not self.state.is_final:
-            self.state = RankState.STOPPED
-        if self.stopped is not None:
-            self.stopped.set()
-
-    def fail(self, code: ExitCode, reason: str) -> None:
-        if self.state is not RankState.FAILED:
-            log.error(
-                "rank %d of group %d failing (exit %d): %s", self.rank, self.group, code, reason
-            )
-            self.detail = reason
-            self.exit_code = code
-            self.state = RankState.FAILED
-        if self.stopped is not None:
-            self.stopped.set()
-
-    # -- state, as systemd sees it ------------------------------------------------------------
-
-    @property
-    def state(self) -> RankState:
-        return self._state
-
-    @state.setter
-    def state(self, state: RankState) -> None:
-        self._state = state
-        self.notify_systemd()
-
-    def notify_systemd(self) -> None:
-        """STATUS on every change; READY=1 the first time the rank serves; STOPPING=1 once."""
-        status = self.status_text()
-        if self._state is RankState.READY and not self._told_ready:
-            self._told_ready = True
-            self.notifier.ready(status)
-        elif self._state in STOPPING_STATES and not self._told_stopping:
-            self._told_stopping = True
-            self.notifier.stopping(status)
-        else:
-            self.notifier.status(status)
-
-    def status_text(self) -> str:
-        if self._state is RankState.FAILED:
-            return f"FAILED: {self.detail}"
-        phrase = STATUS_PHRASES.get(self._state, str(self._state))
-        return f"{phrase}: group {self.group} rank {self.rank}"
-
-    def is_starting(self) -> bool:
-        return self._state in STARTING_STATES
-
-    def feed_systemd_watchdog(self) -> None:
-        """Once serving: WATCHDOG=1 at half systemd's interval while `is_progressing()`."""
-        interval = self.notifier.watchdog_interval_s
-        if self.notifier.is_enabled and interval:
-            self.spawn(feed_watchdog(self.notifier, interval / 2, self.is_progressing))
-
     def is_progressing(self) -> bool:
-        """Not stopped, and no step in flight past runtime.hung_step_timeout_s unless a newer step
-        started since the previous call (each call remembers the step id it saw)."""
-        if self._state.is_final:
-            return False
-        step_id, started = self.step_id, self.step_started_at
-        moved, self._watched_step_id = step_id != self._watched_step_id, step_id
-        timeout = self.config.runtime.hung_step_timeout_s
-        return started is None or moved or timeout <= 0 or time.monotonic() - started < timeout
+        """What the systemd watchdog asks: not stopped, and no step hung."""
+        return not self.lifecycle.state.is_final and self.progress.is_progressing()
 
     # -- helpers ------------------------------------------------------------------------------
 
     def socket(self, kind: int, **kwargs) -> zmq.asyncio.Socket:
+        """A socket closed with the rank (see transport.make_socket for the arguments)."""
         sock = make_socket(self.context, kind, **kwargs)
         self._sockets.append(sock)
         return sock
 
+    def adopt(self, sock: zmq.asyncio.Socket) -> None:
+        """Close a socket made elsewhere with the rank."""
+        self._sockets.append(sock)
+
     def spawn(self, coro: Coroutine) -> asyncio.Task:
         """Run a concern as its own task; if it crashes, the rank fails with its exception."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._on_task_done)
-        return task
-
-    def _on_task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if isinstance(exc, FatalError):
-            self.fail(exc.code, str(exc))
-        elif exc is not None:
-            log.error("task %s crashed", task.get_coro(), exc_info=exc)
-            self.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")
-
-    # -- heartbeat ----------------------------------------------------------------------------
-
-    def queue_depths(self) -> tuple[int, int, int, int]:
-        """(running, waiting, kv blocks used, kv blocks total); the driver knows them."""
-        total = self.loaded.num_blocks if self.loaded is not None else 0
-        return 0, 0, 0, total
-
-    def heartbeat(self) -> Heartbeat:
-        now = time.monotonic()
-        elapsed = now - self._beat_time
-        rate = (self.num_tokens_generated - self._beat_tokens) / elapsed if elapsed > 0 else 0.0
-        self._beat_time, self._beat_tokens = now, self.num_tokens_generated
-        running, waiting, used, total = self.queue_depths()
-        started = self.step_started_at
-        return Heartbeat(
-            group=self.group,
-            rank=self.rank,
-            pid=os.getpid(),
-            state=str(self.state),
-            step_id=self.step_id,
-            step_elapsed_s=now - started if started is not None else 0.0,
-            num_running=running,
-            num_waiting=waiting,
-            kv_blocks_used=used,
-            kv_blocks_total=total,
-            tokens_per_s=rate,
-            weights_version=self.weights_version,
-            interval_s=self.config.runtime.heartbeat_interval_s,
-            sent_at=time.time(),
-            detail=self.detail,
-        )
+        return self.concerns.spawn(coro)
 
 
 async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:

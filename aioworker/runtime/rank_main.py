@@ -1,13 +1,11 @@
-"""Run one rank: pick the driver or peer program, give it systemd's notify socket (if any),
-install signal handlers, run it under uvloop, and return the exit code for the supervisor."""
+"""Run one rank: the driver or a peer role on the shared rank, systemd's notify socket (if any),
+signal handlers, uvloop; returns the exit code for the supervisor."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
-from typing import Any
 
 import uvloop
 
@@ -15,17 +13,16 @@ from aioworker.config import WorkerConfig
 from aioworker.runtime.driver import Driver
 from aioworker.runtime.notify import SystemdNotifier
 from aioworker.runtime.peer import Peer
+from aioworker.runtime.rank import BuildFn, Rank, RankRole
 
 log = logging.getLogger(__name__)
 
 
-def run_rank(
-    config: WorkerConfig, group: int, rank: int, build: Callable[[], tuple[Any, Any]]
-) -> int:
-    program_class = Driver if rank == 0 else Peer
-    program = program_class(config, group, rank, build, systemd_notifier())
+def run_rank(config: WorkerConfig, group: int, rank_in_group: int, build: BuildFn) -> int:
+    rank = Rank(config, group, rank_in_group, systemd_notifier())
+    role = Driver(rank) if rank_in_group == 0 else Peer(rank)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_main(program))
+        return runner.run(_main(rank, role, build))
 
 
 def systemd_notifier() -> SystemdNotifier:
@@ -37,19 +34,13 @@ def systemd_notifier() -> SystemdNotifier:
     return notifier
 
 
-async def _main(program) -> int:
+async def _main(rank: Rank, role: RankRole, build: BuildFn) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_stop_signal, program, sig)
-    return await program.run()
+        loop.add_signal_handler(sig, _on_stop_signal, role, sig)
+    return await rank.run(role, build)
 
 
-def _on_stop_signal(program, sig: signal.Signals) -> None:
+def _on_stop_signal(role: RankRole, sig: signal.Signals) -> None:
     log.info("received %s", sig.name)
-    if isinstance(program, Driver) and program.scheduler is not None and not program.state.is_final:
-        program.start_drain(program.config.runtime.drain_timeout_s)
-    elif not isinstance(program, Driver) and program.state.name == "READY":
-        # A peer keeps serving: it stops when its driver publishes Shutdown after draining.
-        return
-    else:
-        program.stop()
+    role.on_stop_signal()

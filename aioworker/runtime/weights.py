@@ -10,52 +10,50 @@ abort: they end with a reason).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import tempfile
 import time
 from pathlib import Path
 
 from aioworker.core.weights_phase import WeightsPhase
+from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.peer_group import PeerGroup
 from aioworker.runtime.pushed_tensors import write_safetensors
-from aioworker.runtime.state import RankState
-from aioworker.wire.protocol import AdminReply, AdminRequest, WeightsAck, WeightsStatus, encode
+from aioworker.wire.health import RankState
+from aioworker.wire.protocol import AdminReply, AdminRequest
 
 log = logging.getLogger(__name__)
 
-# How long the driver waits for its peers to finish one phase (staging a large model from disk).
-PHASE_TIMEOUT_S = 1800.0
-
 
 class WeightsCoordinator:
-    def __init__(self, driver) -> None:
-        self.driver = driver
-        self.acks: asyncio.Queue[WeightsAck] = asyncio.Queue()
+    def __init__(self, control: GroupControl, peers: PeerGroup) -> None:
+        self.control = control
+        self.peers = peers
         self.last_update_s: float | None = None
         self.busy = False
 
     # -- commands -----------------------------------------------------------------------------
 
     async def update(self, request: AdminRequest, raw_frames: list[bytes]) -> AdminReply:
-        driver = self.driver
-        if driver.state not in (RankState.READY, RankState.PAUSED, RankState.WEIGHTS_CLEARED):
-            return AdminReply(ok=False, message=f"cannot update weights: worker is {driver.state}")
-        version = request.version if request.version is not None else driver.weights_version + 1
+        control, core = self.control, self.control.core
+        if control.state not in (RankState.READY, RankState.PAUSED, RankState.WEIGHTS_CLEARED):
+            return AdminReply(ok=False, message=f"cannot update weights: worker is {control.state}")
+        version = request.version if request.version is not None else core.weights_version + 1
         started = time.monotonic()
-        stage = self._stage_message(request, raw_frames, version)
-        previous = driver.state
-        async with self._held(request.mode, RankState.UPDATING_WEIGHTS):
+        stage = self._stage_phase(request, raw_frames, version)
+        previous = control.state
+        async with _Hold(self, request.mode, RankState.UPDATING_WEIGHTS):
             error = await self._on_every_rank(stage)
             if error is None:
                 error = await self._on_every_rank(WeightsPhase(op="commit", version=version))
             else:
                 await self._on_every_rank(WeightsPhase(op="rollback", version=version))
-            driver.state = previous
+            control.leave(RankState.UPDATING_WEIGHTS, previous)
         if error is not None:
             return AdminReply(
                 ok=False, message=f"update to version {version} failed, old weights kept: {error}"
             )
-        driver.weights_version = version
+        core.weights_version = version
         self.last_update_s = time.monotonic() - started
         message = f"weights version {version} in place after {self.last_update_s:.2f}s"
         return AdminReply(
@@ -63,35 +61,34 @@ class WeightsCoordinator:
         )
 
     async def release(self, request: AdminRequest) -> AdminReply:
-        driver = self.driver
-        if driver.state not in (RankState.READY, RankState.PAUSED):
-            return AdminReply(ok=False, message=f"cannot release memory: worker is {driver.state}")
-        async with self._held("keep", RankState.WEIGHTS_CLEARED):
+        control = self.control
+        if control.state not in (RankState.READY, RankState.PAUSED):
+            return AdminReply(ok=False, message=f"cannot release memory: worker is {control.state}")
+        # The state stays WEIGHTS_CLEARED (steps held) until resume-memory.
+        async with _Hold(self, "keep", RankState.WEIGHTS_CLEARED):
             if request.kv_cache:
-                driver.scheduler.preempt_all()  # recomputed from their tokens after resume
+                control.core.scheduler.preempt_all()  # recomputed from their tokens after resume
             phase = WeightsPhase(op="release", weights=request.weights, kv_cache=request.kv_cache)
-            error, freed = await self._on_every_rank(phase, with_freed=True)
-            # The state stays WEIGHTS_CLEARED (steps held) until resume-memory.
-            driver.state = RankState.WEIGHTS_CLEARED
+            error, freed = await self.peers.run_phase(phase, control.core.executor)
         if error is not None:
             return AdminReply(ok=False, message=f"release failed: {error}")
         text = f"released {freed / 2**30:.2f} GiB (as the devices report it); resume-memory to serve again"
         return AdminReply(ok=True, message=text, data={"freed_bytes": freed})
 
     async def resume(self) -> AdminReply:
-        driver = self.driver
-        if driver.state is not RankState.WEIGHTS_CLEARED:
-            return AdminReply(ok=False, message=f"nothing to resume: worker is {driver.state}")
+        control = self.control
+        if control.state is not RankState.WEIGHTS_CLEARED:
+            return AdminReply(ok=False, message=f"nothing to resume: worker is {control.state}")
         error = await self._on_every_rank(WeightsPhase(op="resume"))
         if error is not None:
             return AdminReply(ok=False, message=f"resume failed: {error}")
-        driver.state = RankState.READY
-        driver.work.set()
+        control.leave(RankState.WEIGHTS_CLEARED, RankState.READY)
+        control.wake()
         return AdminReply(ok=True, message="memory restored; serving")
 
     # -- phases -------------------------------------------------------------------------------
 
-    def _stage_message(
+    def _stage_phase(
         self, request: AdminRequest, raw_frames: list[bytes], version: int
     ) -> WeightsPhase:
         if request.pushed:
@@ -104,37 +101,9 @@ class WeightsCoordinator:
             raise ValueError("update-weights needs a directory, IPC tensors or pushed tensors")
         return WeightsPhase(op="stage", version=version, path=request.argument)
 
-    async def _on_every_rank(self, phase: WeightsPhase, with_freed: bool = False):
-        """Run one phase on this rank and every peer; the first error (or None), and with
-        `with_freed` also the bytes freed in total."""
-        driver = self.driver
-        if driver.control is not None:
-            await driver.control.send_multipart(encode(WeightsStatus(phase=phase)))
-        from_peers = asyncio.ensure_future(self._collect(phase.op, driver.tp_size - 1))
-        errors, freed = [], 0
-        try:
-            freed += await asyncio.wrap_future(driver.executor.run_weights_phase(phase))
-        except Exception as exc:
-            errors.append(f"rank 0: {type(exc).__name__}: {exc}")
-        for ack in await from_peers:
-            freed += ack.freed_bytes
-            if not ack.ok:
-                errors.append(f"rank {ack.rank}: {ack.error}")
-        error = "; ".join(errors) or None
-        if error:
-            log.error("weights %s failed: %s", phase.op, error)
-        return (error, freed) if with_freed else error
-
-    async def _collect(self, op: str, count: int) -> list[WeightsAck]:
-        acks = []
-        while len(acks) < count:
-            ack = await asyncio.wait_for(self.acks.get(), PHASE_TIMEOUT_S)
-            if ack.op == op:
-                acks.append(ack)
-        return acks
-
-    def _held(self, mode: str, state: RankState):
-        return _Hold(self, mode, state)
+    async def _on_every_rank(self, phase: WeightsPhase) -> str | None:
+        error, _ = await self.peers.run_phase(phase, self.control.core.executor)
+        return error
 
 
 class _Hold:
@@ -144,21 +113,22 @@ class _Hold:
         self.coordinator, self.mode, self.state = coordinator, mode, state
 
     async def __aenter__(self) -> None:
-        driver = self.coordinator.driver
+        control = self.coordinator.control
+        scheduler = control.core.scheduler
         if self.coordinator.busy:
             raise RuntimeError("another weights operation is in progress")
         self.coordinator.busy = True
         if self.mode == "abort":
-            for seq in list(driver.scheduler.running):
-                driver.abort(seq.request_id, "aborted for a weights update")
+            for seq in list(scheduler.running):
+                control.abort(seq.request_id, "aborted for a weights update")
         if self.mode == "wait":
-            driver.scheduler.admit_new = False
-            await driver.wait_for(lambda: not driver.scheduler.running)
-        driver.state = self.state  # stepping stops: can_step() is False outside READY
-        await driver.wait_for(lambda: driver.num_in_flight == 0)
+            scheduler.admit_new = False
+            await control.wait_until(lambda: not scheduler.running)
+        control.move(self.state)  # stepping stops: steps run only while READY or DRAINING
+        await control.wait_until(lambda: not control.core.in_flight)
 
     async def __aexit__(self, *exc: object) -> None:
-        driver = self.coordinator.driver
-        driver.scheduler.admit_new = True
+        control = self.coordinator.control
+        control.core.scheduler.admit_new = True
         self.coordinator.busy = False
-        driver.work.set()
+        control.wake()

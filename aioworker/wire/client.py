@@ -19,12 +19,12 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 
 from aioworker.config import WorkerConfig
+from aioworker.core.outputs import Completion, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.protocol import (
     RESULT_DECODER,
@@ -45,30 +45,6 @@ from aioworker.wire.transport import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class StreamOutput:
-    request_id: str
-    token_ids: list[int]
-    finish_reason: str | None
-    error: str | None
-    weights_version: int
-    group: int
-    step_id: int
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class Completion:
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
-    group: int = -1
-
-
 class Client:
     def __init__(
         self,
@@ -81,7 +57,7 @@ class Client:
         self.task_endpoints = task_endpoints
         self.reply_endpoint = reply_endpoint
         self.security = security or ClientSecurity()
-        self._queues: dict[str, asyncio.Queue[StreamOutput]] = {}
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._owner: dict[str, int] = {}
         self._in_flight = [0] * len(task_endpoints)
         self._round_robin = itertools.cycle(range(len(task_endpoints)))
@@ -148,14 +124,14 @@ class Client:
         params: SamplingParams,
         request_id: str | None = None,
         group: int | None = None,
-    ) -> AsyncIterator[StreamOutput]:
+    ) -> AsyncIterator[RequestOutput]:
         """Send a request; the iterator yields its outputs and ends after the terminal one."""
         await self.start()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight on this client")
         group = self._pick_group() if group is None else group
-        queue: asyncio.Queue[StreamOutput] = asyncio.Queue()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
         self._owner[request_id] = group
         self._in_flight[group] += 1
@@ -171,12 +147,11 @@ class Client:
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> Completion:
-        stream = await self.submit(prompt_token_ids, params, request_id)
-        completion = Completion(request_id="")
+        request_id, group = request_id or uuid.uuid4().hex, self._pick_group()
+        stream = await self.submit(prompt_token_ids, params, request_id, group)
+        completion = Completion(request_id, list(prompt_token_ids), group=group)
         async for out in stream:
-            completion.request_id, completion.group = out.request_id, out.group
-            completion.token_ids += out.token_ids
-            completion.finish_reason, completion.error = out.finish_reason, out.error
+            completion.add(out)
         return completion
 
     async def abort(self, request_id: str) -> None:
@@ -199,8 +174,8 @@ class Client:
                 return group
 
     async def _stream(
-        self, request_id: str, queue: asyncio.Queue[StreamOutput]
-    ) -> AsyncIterator[StreamOutput]:
+        self, request_id: str, queue: asyncio.Queue[RequestOutput]
+    ) -> AsyncIterator[RequestOutput]:
         while True:
             out = await queue.get()
             yield out
@@ -219,25 +194,16 @@ class Client:
             if not isinstance(message, Outputs):
                 log.error("a worker rejected one of our frames: %s", message.reason)
                 continue
-            for delta in message.deltas:
-                self._deliver(message, delta)
+            for out in message.outputs:
+                self._deliver(out)
 
-    def _deliver(self, message: Outputs, delta) -> None:
-        queue = self._queues.get(delta.request_id)
+    def _deliver(self, out: RequestOutput) -> None:
+        queue = self._queues.get(out.request_id)
         if queue is None:
             self.num_unexpected_outputs += 1
             return
-        out = StreamOutput(
-            delta.request_id,
-            delta.token_ids,
-            delta.finish_reason,
-            delta.error,
-            delta.weights_version,
-            message.group,
-            message.step_id,
-        )
         queue.put_nowait(out)
         if out.finished:
-            del self._queues[delta.request_id]
-            owner = self._owner.pop(delta.request_id)
+            del self._queues[out.request_id]
+            owner = self._owner.pop(out.request_id)
             self._in_flight[owner] -= 1

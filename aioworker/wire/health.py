@@ -1,20 +1,44 @@
-"""The latest heartbeat of every rank, and what it says: a rank's status, its table row, and
-whether a health probe should count it as unhealthy. Pure logic, no sockets, no torch."""
+"""A rank's health as seen from outside: the states it publishes, when its silence makes it
+STALE, and the latest heartbeat of every rank with what it says (a status, a table row, whether
+a health probe counts it unhealthy). Pure logic, no sockets, no torch."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from aioworker.wire.protocol import Heartbeat
 
-# A rank whose last beat is older than this many of its own intervals is STALE (killed, frozen or
-# cut off); the drivers' own liveness watch uses the same bound.
+
+class RankState(enum.StrEnum):
+    """Published in every heartbeat and in `admin status`; runtime/state.py says which state may
+    follow which."""
+
+    STARTING = "STARTING"
+    LOADING = "LOADING"
+    PROFILING = "PROFILING"
+    WARMING = "WARMING"
+    READY = "READY"
+    PAUSED = "PAUSED"
+    DRAINING = "DRAINING"
+    UPDATING_WEIGHTS = "UPDATING_WEIGHTS"
+    WEIGHTS_CLEARED = "WEIGHTS_CLEARED"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+# A rank in a final state beats once more and then stops: monitors show its state, never STALE,
+# and a probe fails on it as on MISSING and STALE.
+FINAL_STATES = frozenset({RankState.STOPPED, RankState.FAILED})
+# A rank whose last beat is older than this many of its own intervals is lost (killed, frozen or
+# cut off): STALE to monitors, and fatal to the other ranks of its group.
 STALE_AFTER_INTERVALS = 3
 MISSING = "MISSING"
 STALE = "STALE"
-# A rank in a final state beats once more and then stops: it shows its state, never STALE.
-# A probe fails on these as on MISSING and STALE.
-FINAL_STATES = ("FAILED", "STOPPED")
 
 COLUMNS = (
     "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "TOK/S", "WEIGHTS", "PID",

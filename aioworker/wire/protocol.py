@@ -11,11 +11,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from aioworker.core.outputs import RequestOutput
 from aioworker.core.plan import StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.weights_phase import IpcTensor, WeightsOp, WeightsPhase
+from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
-PROTOCOL_VERSION = 1
+# 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
+PROTOCOL_VERSION = 2
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
@@ -50,24 +53,12 @@ TaskMessage = SubmitRequest | AbortRequest
 
 # -- results: driver -> client (PUSH -> the client's PULL) ----------------------------------------
 
-FinishReasonName = Literal["stop", "length", "abort", "error"]
-
-
-class TokenDelta(msgspec.Struct, frozen=True, array_like=True):
-    request_id: str
-    token_ids: list[int]
-    # Set on the request's one terminal output.
-    finish_reason: FinishReasonName | None = None
-    error: str | None = None
-    weights_version: int = 0
-
 
 class Outputs(_Message, tag="outputs"):
-    """Everything one step produced for one client."""
+    """What one step produced for one client's requests (or one request's terminal output)."""
 
     group: int
-    step_id: int
-    deltas: list[TokenDelta]
+    outputs: list[RequestOutput]
 
 
 class Rejected(_Message, tag="rejected"):
@@ -133,10 +124,7 @@ AckMessage = PeerReady | PeerFailed | WeightsAck
 
 # -- admin: CLI -> driver (DEALER -> ROUTER) ------------------------------------------------------
 
-AdminCommand = Literal[
-    "status", "pause", "resume", "drain", "abort", "shutdown", "set-log-level",
-    "update-weights", "release-memory", "resume-memory",
-]  # fmt: skip
+AdminCommand = Literal[tuple(ADMIN_COMMANDS)]  # type: ignore[valid-type]
 UpdateMode = Literal["wait", "keep", "abort"]
 
 

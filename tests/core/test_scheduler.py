@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.outputs import FinishReason
 from aioworker.core.plan import StepResult
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.scheduler import Scheduler
-from aioworker.core.sequence import FinishReason, Sequence
+from aioworker.core.sequence import Sequence
 
 EOS = 99
 
@@ -41,7 +42,7 @@ def test_prefill_and_decode_share_a_step_with_exact_blocks() -> None:
     plan, outputs = run_step(sched)
     assert plan.seq_ids == [0] and plan.num_scheduled_tokens == [6]
     assert plan.new_block_ids == [[0, 1]] and plan.sample == [True]
-    assert [token for _, token, _ in outputs] == [7]
+    assert [out.token_ids for out in outputs] == [[7]]
     add(sched, 1, prompt_len=3)
     plan, _ = run_step(sched)
     # seq 0 decodes its sampled token at position 6; seq 1 prefills in the same step.
@@ -119,11 +120,11 @@ def test_stop_conditions() -> None:
     add(sched, 1, prompt_len=2, max_tokens=10, ignore_eos=True)
     add(sched, 2, prompt_len=2, max_tokens=10, min_tokens=2)
     _, outputs = run_step(sched, token=EOS)
-    reasons = {rid: reason for rid, _, reason in outputs}
+    reasons = {out.request_id: out.finish_reason for out in outputs}
     assert reasons == {"r0": FinishReason.STOP, "r1": None, "r2": None}
     run_step(sched, token=EOS)  # r2 has 2 outputs now: still below min_tokens + 1
     _, outputs = run_step(sched, token=EOS)
-    assert {rid: reason for rid, _, reason in outputs}["r2"] is FinishReason.STOP
+    assert {out.request_id: out.finish_reason for out in outputs}["r2"] is FinishReason.STOP
 
 
 def test_max_tokens_and_max_model_len_finish_with_length() -> None:
@@ -133,7 +134,7 @@ def test_max_tokens_and_max_model_len_finish_with_length() -> None:
     finished = {}
     while sched.has_work:
         _, outputs = run_step(sched)
-        finished.update({rid: reason for rid, _, reason in outputs if reason})
+        finished.update({out.request_id: out.finish_reason for out in outputs if out.finished})
     assert finished == {"r0": FinishReason.LENGTH, "r1": FinishReason.LENGTH}
 
 
@@ -165,16 +166,16 @@ def test_random_workloads_keep_invariants(
         plan, outputs = run_step(sched, token=rng.choice([EOS, 5, 6]))
         if plan is not None:
             assert plan.num_tokens <= budget
-        for request_id, _, reason in outputs:
-            if reason is not None:
-                assert request_id not in finished
-                finished[request_id] = reason
+        for out in outputs:
+            if out.finish_reason is not None:
+                assert out.request_id not in finished
+                finished[out.request_id] = out.finish_reason
         owned = [b for s in sched.running for b in s.block_table]
         assert len(owned) == len(set(owned)), "a block is owned twice"
         assert len(owned) + sched.block_manager.num_free_blocks == num_blocks
         assert all(not s.block_table for s in sched.waiting)
     while sched.has_work:
         _, outputs = run_step(sched)
-        finished.update({rid: reason for rid, _, reason in outputs if reason})
+        finished.update({out.request_id: out.finish_reason for out in outputs if out.finished})
     assert len(finished) == next_id
     assert sched.block_manager.num_free_blocks == num_blocks

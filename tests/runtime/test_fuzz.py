@@ -18,6 +18,7 @@ from aioworker.wire.protocol import (
     HEARTBEAT_DECODER,
     RESULT_DECODER,
     TASK_DECODER,
+    VERSION_FRAME,
     ProtocolError,
 )
 from aioworker.wire.transport import group_endpoints
@@ -95,7 +96,7 @@ def fuzz_frame(rng: random.Random, reply_to: str, request_id: str) -> tuple[list
     if kind == 2:
         body = {"type": rng.choice(TAGS), "request_id": rng.choice([request_id, 7, None]), "reply_to": reply_to,
                 "prompt_token_ids": rng.choice([[1, 2], "x", [2**64 - 1], None]), "params": rng.choice([{}, [], {"max_tokens": "x"}])}  # fmt: skip
-        return [b"\x01", msgspec.msgpack.encode(body)], False
+        return [VERSION_FRAME, msgspec.msgpack.encode(body)], False
     params = {
         "max_tokens": rng.randrange(-2, 8),
         "temperature": rng.choice([0.0, 0.7, -1.0, float("nan")]),
@@ -110,7 +111,7 @@ def fuzz_frame(rng: random.Random, reply_to: str, request_id: str) -> tuple[list
         "params": params,
         "reply_to": reply_to,
     }
-    return [b"\x01", msgspec.msgpack.encode(body)], True
+    return [VERSION_FRAME, msgspec.msgpack.encode(body)], True
 
 
 def test_10000_fuzzed_frames_across_every_socket_leave_the_group_serving_and_leak_nothing() -> None:
@@ -141,7 +142,7 @@ def test_10000_fuzzed_frames_across_every_socket_leave_the_group_serving_and_lea
         while inbox.poll(0):
             frames = inbox.recv_multipart()
             message = RESULT_DECODER.decode(frames)
-            for delta in getattr(message, "deltas", []):
+            for delta in getattr(message, "outputs", []):
                 if delta.finish_reason is not None:
                     terminals[delta.request_id] = terminals.get(delta.request_id, 0) + 1
 

@@ -18,9 +18,10 @@ import pytest
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.notify import SystemdNotifier
-from aioworker.runtime.rank import RankProgram
-from aioworker.runtime.state import ExitCode, RankState
+from aioworker.runtime.rank import Rank
+from aioworker.runtime.state import ExitCode
 from aioworker.wire.client import Client
+from aioworker.wire.health import RankState
 from tests.workers import admin, deployment, start_worker, stop
 
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
@@ -157,21 +158,21 @@ def test_the_watchdog_interval_is_honoured_only_for_this_process(environ, interv
 
 
 @pytest.fixture
-def program_and_receiver(path_receiver):
+def rank_and_receiver(path_receiver):
     path, receiver = path_receiver
     config, _ = deployment(**{"runtime.hung_step_timeout_s": 0.5})
     notifier = SystemdNotifier({"NOTIFY_SOCKET": path})
-    program = RankProgram(config, 0, 0, lambda *_: (None, None), notifier)
-    yield program, receiver
-    program.context.term()
+    rank = Rank(config, 0, 0, notifier)
+    yield rank, receiver
+    rank.context.term()
 
 
-def test_a_rank_tells_every_state_and_ready_and_stopping_once(program_and_receiver) -> None:
-    program, receiver = program_and_receiver
+def test_a_rank_tells_every_state_and_ready_and_stopping_once(rank_and_receiver) -> None:
+    rank, receiver = rank_and_receiver
     for state in (RankState.LOADING, RankState.READY, RankState.PAUSED, RankState.READY):
-        program.state = state
-    program.state = RankState.DRAINING
-    program.fail(ExitCode.FAILED, "step 7 failed:\nboom")
+        rank.lifecycle.move(state)
+    rank.lifecycle.move(RankState.DRAINING)
+    rank.lifecycle.fail(ExitCode.FAILED, "step 7 failed:\nboom")
     assert wait_datagrams(receiver, 7) == [
         b"STATUS=STARTING: group 0 rank 0",
         b"STATUS=LOADING model: group 0 rank 0",
@@ -183,19 +184,21 @@ def test_a_rank_tells_every_state_and_ready_and_stopping_once(program_and_receiv
     ]
 
 
-def test_a_step_stuck_past_the_hung_timeout_is_not_progress(program_and_receiver) -> None:
-    program, _ = program_and_receiver
-    program.state = RankState.READY
-    assert program.is_progressing()  # idle: the loop being alive is enough
-    program.step_id, program.step_started_at = 3, time.monotonic() - 10.0
-    assert program.is_progressing()  # a new step since the last check
-    assert not program.is_progressing()  # the same step, 10 s old, past 0.5 s
-    program.step_id = 4
-    assert program.is_progressing()
-    program.step_started_at = time.monotonic()
-    assert program.is_progressing()  # the same step, but young
-    program.stop()
-    assert not program.is_progressing()
+def test_a_step_stuck_past_the_hung_timeout_is_not_progress(rank_and_receiver) -> None:
+    rank, _ = rank_and_receiver
+    rank.lifecycle.move(RankState.LOADING)
+    rank.lifecycle.move(RankState.READY)
+    progress = rank.progress
+    assert rank.is_progressing()  # idle: the loop being alive is enough
+    progress.step_id, progress.started_at = 3, time.monotonic() - 10.0
+    assert rank.is_progressing()  # a new step since the last check
+    assert not rank.is_progressing()  # the same step, 10 s old, past 0.5 s
+    progress.step_id = 4
+    assert rank.is_progressing()
+    progress.started_at = time.monotonic()
+    assert rank.is_progressing()  # the same step, but young
+    rank.lifecycle.stop()
+    assert not rank.is_progressing()
 
 
 # -- a real worker process -----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import zmq
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
-from aioworker.wire.protocol import RESULT_DECODER, SubmitRequest, encode
+from aioworker.wire.protocol import RESULT_DECODER, VERSION_FRAME, SubmitRequest, encode
 from aioworker.wire.transport import group_endpoints
 from tests.conftest import EMBEDDED_OVERRIDES
 from tests.workers import admin, deployment, running
@@ -139,76 +139,82 @@ class _Inbox:
         return RESULT_DECODER.decode(self.sock.recv_multipart())
 
 
+def _connected(context: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def _submit_frame(reply_to: str, **fields) -> bytes:
+    """A submit body with any field replaced, encoded without the protocol's types."""
+    body = {
+        "type": "submit",
+        "request_id": "r",
+        "prompt_token_ids": [1, 2],
+        "params": {},
+        "reply_to": reply_to,
+    }
+    return msgspec.msgpack.encode({**body, **fields})
+
+
+def _frames_with_error_replies(reply_to: str) -> dict[str, list[bytes]]:
+    """Bad frames whose reply_to can still be read: each gets an error reply naming the problem."""
+
+    def frame(**fields) -> bytes:
+        return _submit_frame(reply_to, **fields)
+
+    return {
+        "wrong type": [VERSION_FRAME, frame(params={"max_tokens": "many"})],
+        "unknown tag": [VERSION_FRAME, frame(type="nope")],
+        "bad version": [b"\x07", frame()],
+        "token out of range": [VERSION_FRAME, frame(request_id="big", prompt_token_ids=[40000])],
+        "too long": [VERSION_FRAME, frame(request_id="long", prompt_token_ids=[1] * 65)],
+        "bad param": [VERSION_FRAME, frame(request_id="neg", params={"temperature": -1.0})],
+    }
+
+
+def _generate(tasks: zmq.Socket, inbox: _Inbox, max_tokens: int):
+    """Submit a good request over the raw socket; its tokens and terminal output."""
+    params = SamplingParams(max_tokens=max_tokens)
+    message = SubmitRequest(
+        request_id="ok", prompt_token_ids=[1, 2], params=params, reply_to=inbox.endpoint
+    )
+    tasks.send_multipart(encode(message))
+    tokens = []
+    while True:
+        [delta] = inbox.recv().outputs
+        tokens += delta.token_ids
+        if delta.finish_reason:
+            return tokens, delta
+
+
 def test_bad_frames_get_error_replies_or_counted_drops_and_the_rank_keeps_serving() -> None:
     config, set_args = deployment(**{"parallel.tensor_parallel_size": 2, "model.max_model_len": 64})
     endpoints = group_endpoints(config.runtime, 0, 2)
     context = zmq.Context()
     inbox = _Inbox(context, endpoints.tasks)
-
-    def socket(kind: int, endpoint: str) -> zmq.Socket:
-        sock = context.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        return sock
-
-    def submit_frame(**fields) -> bytes:
-        body = {
-            "type": "submit",
-            "request_id": "r",
-            "prompt_token_ids": [1, 2],
-            "params": {},
-            "reply_to": inbox.endpoint,
-        }
-        return msgspec.msgpack.encode({**body, **fields})
-
     with running(config, set_args, "--fake-executor"):
-        tasks, acks = socket(zmq.PUSH, endpoints.tasks), socket(zmq.PUSH, endpoints.acks)
-        control, admin_sock = (
-            socket(zmq.XSUB, endpoints.control),
-            socket(zmq.DEALER, endpoints.admin),
-        )
-        # Frames whose reply_to can still be read get an error reply naming the problem.
-        replies = {
-            "wrong type": [b"\x01", submit_frame(params={"max_tokens": "many"})],
-            "unknown tag": [b"\x01", submit_frame(type="nope")],
-            "bad version": [b"\x07", submit_frame()],
-            "token out of range": [
-                b"\x01",
-                submit_frame(request_id="big", prompt_token_ids=[40000]),
-            ],
-            "too long": [b"\x01", submit_frame(request_id="long", prompt_token_ids=[1] * 65)],
-            "bad param": [b"\x01", submit_frame(request_id="neg", params={"temperature": -1.0})],
-        }
+        tasks = _connected(context, zmq.PUSH, endpoints.tasks)
+        acks = _connected(context, zmq.PUSH, endpoints.acks)
+        control = _connected(context, zmq.XSUB, endpoints.control)
+        admin_sock = _connected(context, zmq.DEALER, endpoints.admin)
+        replies = _frames_with_error_replies(inbox.endpoint)
         for frames in replies.values():
             tasks.send_multipart(frames)
-            [delta] = inbox.recv().deltas
+            [delta] = inbox.recv().outputs
             assert delta.finish_reason == "error" and delta.error
         # Frames with no reply path are dropped and counted.
         tasks.send_multipart([random.randbytes(50)])
-        tasks.send_multipart([b"\x01", b"\xc1\xff garbage"])
-        acks.send_multipart([b"\x01", b"not an ack"])
+        tasks.send_multipart([VERSION_FRAME, b"\xc1\xff garbage"])
+        acks.send_multipart([VERSION_FRAME, b"not an ack"])
         control.send(b"\x05 upstream garbage")
-        admin_sock.send_multipart([b"\x01", b"\x93garbage"])
+        admin_sock.send_multipart([VERSION_FRAME, b"\x93garbage"])
         assert admin_sock.poll(3000)
         reply = admin_sock.recv_multipart()
         assert b"malformed" in reply[-1]
         # Still serving: a good request completes.
-        tasks.send_multipart(
-            encode(
-                SubmitRequest(
-                    request_id="ok",
-                    prompt_token_ids=[1, 2],
-                    params=SamplingParams(max_tokens=3),
-                    reply_to=inbox.endpoint,
-                )
-            )
-        )
-        tokens = []
-        while True:
-            [delta] = inbox.recv().deltas
-            tokens += delta.token_ids
-            if delta.finish_reason:
-                break
+        tokens, delta = _generate(tasks, inbox, max_tokens=3)
         assert delta.finish_reason == "length" and len(tokens) == 3
         status = admin(config, "status")
         assert status.data["state"] == "READY"

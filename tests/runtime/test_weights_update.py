@@ -166,7 +166,7 @@ def test_release_and_resume_memory_keep_serving_the_same_tokens(models) -> None:
 
 def test_pushed_tensors_update_the_weights(models, expected_new) -> None:
     """A trainer without IPC pushes bf16/fp32 tensors as raw ZeroMQ frames."""
-    from aioworker.cli.admin import send
+    from aioworker.wire.admin_client import send
     from aioworker.wire.protocol import AdminRequest, TensorMeta
 
     old, new = models

@@ -26,12 +26,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from aioworker.cli import admin as admin_cli
 from aioworker.cli import keys as keys_cli
 from aioworker.config import SecurityOptions, WorkerConfig, load_config
+from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire import admin_client
 from aioworker.wire.client import Client
-from aioworker.wire.protocol import TASK_DECODER, AdminRequest, Outputs, TokenDelta, encode
+from aioworker.wire.protocol import TASK_DECODER, AdminRequest, Outputs, encode
 from aioworker.wire.security import (
     ClientSecurity,
     KeyPair,
@@ -299,10 +300,10 @@ async def serve_requests(
         frames, client_key = await recv_with_client_key(tasks)
         seen.append(client_key)
         request = TASK_DECODER.decode(frames)
-        delta = TokenDelta(request.request_id, [7], "length", None, 0)
+        output = RequestOutput(request.request_id, [7], FinishReason.LENGTH)
         options = server.result_options(request.reply_to, client_key)
         push = make_socket(context, zmq.PUSH, connect=request.reply_to, options=options)
-        await push.send_multipart(encode(Outputs(group=0, step_id=0, deltas=[delta])))
+        await push.send_multipart(encode(Outputs(group=0, outputs=[output])))
         push.close(linger=1000)
 
 
@@ -436,7 +437,7 @@ def wait_ready(config: WorkerConfig, process: subprocess.Popen, timeout_s: float
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read()[-2000:]
-        result = admin_cli.send(config, 0, AdminRequest(command="status"), 0.5)
+        result = admin_client.send(config, 0, AdminRequest(command="status"), 0.5)
         if result.is_reachable and result.reply.data.get("state") == "READY":
             return
         time.sleep(0.05)
@@ -480,9 +481,9 @@ def test_a_curve_worker_serves_its_clients_and_nobody_else(
         with pytest.raises(TimeoutError):
             asyncio.run(generate(intruder_config, 1))
         status = AdminRequest(command="status")
-        assert not admin_cli.send(intruder_config, 0, status, 0.5).is_reachable
+        assert not admin_client.send(intruder_config, 0, status, 0.5).is_reachable
         plain = load_config(overrides={k: v for k, v in settings.items() if "security" not in k})
-        assert not admin_cli.send(plain, 0, status, 0.5).is_reachable
+        assert not admin_client.send(plain, 0, status, 0.5).is_reachable
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(20)

@@ -1,0 +1,126 @@
+"""The engine core, one for the offline engine and the driver: requests in (add, abort), steps
+launched ahead on the executor, outputs back.
+
+Up to MAX_IN_FLIGHT steps are in flight: while one runs on the device, the next is already
+scheduled and queued behind it, so the device never waits for the host between steps. The
+offline engine waits for the oldest step by blocking; the driver awaits it on its event loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from aioworker.config import SchedulerOptions
+from aioworker.core.admission import RequestValidator
+from aioworker.core.block_manager import BlockManager
+from aioworker.core.executor import Executor
+from aioworker.core.loaded_rank import LoadedRank
+from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
+from aioworker.core.scheduler import Scheduler
+from aioworker.core.sequence import Sequence
+
+# Steps launched ahead: one running, one queued behind it on the device.
+MAX_IN_FLIGHT = 2
+
+
+@dataclass(slots=True)
+class InFlightStep:
+    plan: StepPlan
+    future: Future[StepResult]
+    submitted_at: float  # time.monotonic()
+
+
+class EngineCore:
+    def __init__(
+        self,
+        executor: Executor,
+        loaded: LoadedRank,
+        options: SchedulerOptions,
+        num_blocks: int | None = None,
+    ) -> None:
+        """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's)."""
+        self.executor = executor
+        self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
+        self.eos_token_ids = loaded.eos_token_ids
+        blocks = BlockManager(num_blocks or loaded.num_blocks, loaded.block_size)
+        self.scheduler = Scheduler(
+            blocks, options.max_num_seqs, options.max_num_batched_tokens, loaded.max_model_len
+        )
+        self.in_flight: collections.deque[InFlightStep] = collections.deque()
+        # Stamped on every output: which weights produced it.
+        self.weights_version = 0
+        self.last_step_id = -1  # of the newest completed step
+        self._seq_ids = itertools.count()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; raises InvalidRequestError naming the bad field and its limit."""
+        if request_id in self.scheduler.seqs_by_request:
+            raise InvalidRequestError(f"request_id {request_id!r} is already in use")
+        self.validator.check(prompt_token_ids, params)
+        seq = Sequence(
+            next(self._seq_ids), request_id, prompt_token_ids, params, self.eos_token_ids
+        )
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """End a request now and free its KV blocks; False if it is unknown or already ended.
+        Tokens of steps still in flight for it are dropped when they arrive."""
+        seq = self.scheduler.seqs_by_request.get(request_id)
+        return seq is not None and self.scheduler.abort(seq.seq_id) is not None
+
+    def terminal_output(
+        self, request_id: str, reason: FinishReason, error: str | None = None
+    ) -> RequestOutput:
+        """The one terminal output of a request that ends outside a step (aborted, refused)."""
+        return RequestOutput(
+            request_id, [], reason, error, self.current_step_id, self.weights_version
+        )
+
+    @property
+    def current_step_id(self) -> int:
+        """The step running now (the oldest in flight), else the last one completed."""
+        return self.in_flight[0].plan.step_id if self.in_flight else self.last_step_id
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.scheduler.block_manager
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def launch(self, before_submit: Callable[[StepPlan], None] | None = None) -> None:
+        """Schedule and submit steps until MAX_IN_FLIGHT are in flight or nothing can run.
+        `before_submit` sees each plan first (the driver publishes it to its peers)."""
+        while len(self.in_flight) < MAX_IN_FLIGHT:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return
+            if before_submit is not None:
+                before_submit(plan)
+            future = self.executor.submit(plan)
+            self.in_flight.append(InFlightStep(plan, future, time.monotonic()))
+
+    def complete(self, result: StepResult) -> list[RequestOutput]:
+        """The oldest step's result: tokens appended, finished requests ended; its outputs."""
+        step = self.in_flight.popleft()
+        self.last_step_id = step.plan.step_id
+        return self.scheduler.update(step.plan, result, self.weights_version)
+
+    def step(self) -> list[RequestOutput]:
+        """Blocking: launch what can run, wait for the oldest step and return its outputs."""
+        self.launch()
+        if not self.in_flight:
+            return []
+        return self.complete(self.in_flight[0].future.result())

@@ -1,0 +1,89 @@
+"""What admin commands, signals and weights operations may do to a serving group: change its
+state, hold and wake its steps, abort or drain its requests, stop it. A narrow handle on the
+driver, so none of them needs the whole driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from aioworker.core.engine_core import EngineCore
+from aioworker.runtime.lifecycle import RankLifecycle
+from aioworker.runtime.open_requests import OpenRequests
+from aioworker.wire.health import RankState
+
+
+class GroupControl:
+    def __init__(self, lifecycle: RankLifecycle, core: EngineCore, requests: OpenRequests) -> None:
+        self.lifecycle = lifecycle
+        self.core = core
+        self.requests = requests
+        # Set when work arrives or steps may run again; the step loop waits on it when idle.
+        self.work = asyncio.Event()
+        # Set after every step, and when steps stop: what `wait_until` re-checks on.
+        self.progress = asyncio.Event()
+        self.drain_timer: asyncio.TimerHandle | None = None
+
+    # -- state and steps ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> RankState:
+        return self.lifecycle.state
+
+    def move(self, state: RankState) -> None:
+        self.lifecycle.move(state)
+
+    def leave(self, held: RankState, to: RankState) -> None:
+        """Move to `to` if still in `held` (a drain or stop that came meanwhile wins)."""
+        if self.state is held:
+            self.move(to)
+
+    def can_step(self) -> bool:
+        """Steps run while serving or draining; weights and memory operations hold them."""
+        return self.core.has_unfinished and self.lifecycle.machine.rules.runs_steps
+
+    def wake(self) -> None:
+        self.work.set()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until `predicate()` holds; it is checked whenever a step completes."""
+        while not predicate():
+            self.progress.clear()
+            await self.progress.wait()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        if not self.requests.abort(request_id, reason):
+            return False
+        self.finish_drain_if_done()
+        return True
+
+    def abort_all(self, reason: str) -> int:
+        count = self.requests.abort_all(reason)
+        self.finish_drain_if_done()
+        return count
+
+    def start_drain(self, deadline_s: float) -> None:
+        """Refuse new requests, let those in flight finish, abort what runs after `deadline_s`,
+        then stop."""
+        if self.state in (RankState.DRAINING, RankState.STOPPED, RankState.FAILED):
+            return
+        self.move(RankState.DRAINING)
+        loop = asyncio.get_running_loop()
+        self.drain_timer = loop.call_later(
+            deadline_s, self.abort_all, f"drain deadline of {deadline_s:g}s reached"
+        )
+        self.wake()
+        self.finish_drain_if_done()
+
+    def finish_drain_if_done(self) -> None:
+        if self.state is RankState.DRAINING and not len(self.requests):
+            self.lifecycle.stop()
+
+    def stop(self) -> None:
+        self.lifecycle.stop()
+
+    def close(self) -> None:
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()

@@ -1,0 +1,119 @@
+"""The requests a driver has admitted and not yet ended: where each one's outputs go, and its one
+terminal output. Every request gets exactly one."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aioworker.core.engine_core import EngineCore
+from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.runtime.metrics import WorkerMetrics
+from aioworker.runtime.results import ResultSender
+from aioworker.wire.protocol import Outputs
+
+# Where a request's outputs go: its reply_to endpoint, and with CURVE the key it came with
+# (its results go only to that key).
+ClientAddress = tuple[str, str | None]
+
+
+@dataclass(slots=True)
+class Request:
+    client: ClientAddress
+    arrival: float  # time.monotonic() at admission
+    first_token_at: float | None = None
+
+
+class OpenRequests:
+    def __init__(
+        self,
+        core: EngineCore,
+        results: ResultSender,
+        group: int,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.core = core
+        self.results = results
+        self.group = group
+        self.metrics = metrics
+        self._requests: dict[str, Request] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def admit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        client: ClientAddress,
+    ) -> None:
+        """Hand the request to the engine core; raises InvalidRequestError naming a bad field."""
+        self.core.add(request_id, prompt_token_ids, params)
+        self._requests[request_id] = Request(client, time.monotonic())
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(prompt_token_ids))
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """One Outputs message per client for this step (runs per sequence: kept lean)."""
+        by_client: dict[ClientAddress, list[RequestOutput]] = {}
+        find = self._requests.get
+        for out in outputs:
+            request = find(out.request_id)
+            if request is None:
+                continue
+            batch = by_client.get(request.client)
+            if batch is None:
+                by_client[request.client] = [out]
+            else:
+                batch.append(out)
+            if request.first_token_at is None:
+                self._on_first_token(request)
+            if out.finish_reason is not None:
+                self._on_finished(out.request_id, out.finish_reason)
+        for (reply_to, client_key), batch in by_client.items():
+            self.results.send(reply_to, Outputs(group=self.group, outputs=batch), client_key)
+
+    def abort(self, request_id: str, reason: str) -> bool:
+        """End a request with "abort" and `reason`; False if it is not open."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        self._on_finished(request_id, FinishReason.ABORT)
+        self.core.abort(request_id)
+        self.send_terminal(request.client, request_id, FinishReason.ABORT, reason)
+        return True
+
+    def abort_all(self, reason: str) -> int:
+        request_ids = list(self._requests)
+        for request_id in request_ids:
+            self.abort(request_id, reason)
+        return len(request_ids)
+
+    def fail_all(self, reason: str) -> None:
+        """The rank is failing: every open request ends with "error" and the reason."""
+        for request_id, request in self._requests.items():
+            self.send_terminal(request.client, request_id, FinishReason.ERROR, reason)
+        self._requests.clear()
+
+    def send_terminal(
+        self, client: ClientAddress, request_id: str, reason: FinishReason, message: str
+    ) -> None:
+        """A terminal output outside a step: refused at admission, aborted, failed."""
+        output = self.core.terminal_output(request_id, reason, message)
+        reply_to, client_key = client
+        self.results.send(reply_to, Outputs(group=self.group, outputs=[output]), client_key)
+
+    def _on_first_token(self, request: Request) -> None:
+        request.first_token_at = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.ttft.observe(request.first_token_at - request.arrival)
+
+    def _on_finished(self, request_id: str, reason: FinishReason) -> None:
+        request = self._requests.pop(request_id)
+        if self.metrics is not None:
+            self.metrics.on_finished(request.arrival, reason)

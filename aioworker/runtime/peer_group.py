@@ -1,0 +1,165 @@
+"""The driver's link to the other ranks of its tensor-parallel group: it publishes numbered plans
+and weights phases on the control channel, collects acks, and watches the peers' heartbeats.
+With one rank there are no peers, and plans and phases stay on the driver."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import zmq
+
+from aioworker.core.executor import Executor
+from aioworker.core.plan import StepPlan
+from aioworker.core.weights_phase import WeightsOp, WeightsPhase
+from aioworker.runtime.drops import DropCounter
+from aioworker.runtime.lifecycle import FatalError
+from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.rank import Rank
+from aioworker.runtime.state import ExitCode
+from aioworker.wire.protocol import (
+    ACK_DECODER,
+    PeerFailed,
+    PeerReady,
+    PlanMessage,
+    ProtocolError,
+    Shutdown,
+    WeightsAck,
+    WeightsStatus,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+# How long the driver waits for every peer to load and subscribe.
+PEER_STARTUP_TIMEOUT_S = 1800.0
+# How long the driver waits for its peers to finish one phase (staging a large model from disk).
+PHASE_TIMEOUT_S = 1800.0
+
+
+class PeerGroup:
+    def __init__(self, rank: Rank, rejected: DropCounter) -> None:
+        self.rank = rank
+        self.size = rank.config.parallel.tensor_parallel_size
+        self.rejected = rejected
+        self.weights_acks: asyncio.Queue[WeightsAck] = asyncio.Queue()
+        self.control = self.acks = None
+        if self.size > 1:
+            self._bind(rank)
+
+    def _bind(self, rank: Rank) -> None:
+        endpoints = rank.endpoints
+        self.control = rank.socket(zmq.XPUB, bind=endpoints.control)
+        self.control.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.acks = rank.socket(zmq.PULL, bind=endpoints.acks)
+        peers = list(range(1, self.size))
+        beats = watch_socket(rank.context, [endpoints.heartbeats[r] for r in peers])
+        rank.adopt(beats)
+        interval = rank.config.runtime.heartbeat_interval_s
+        self.liveness = LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0)
+        rank.spawn(self.liveness.run())
+
+    async def wait_until_ready(self, num_blocks: int) -> int:
+        """Every peer's subscription seen on XPUB (no plan can be lost to a slow joiner) and
+        every peer loaded; returns the smallest KV block count of the group."""
+        if self.size == 1:
+            return num_blocks
+        waiting_subscriptions = {f"rank{r}".encode() for r in range(1, self.size)}
+        ready: dict[int, int] = {}
+
+        async def subscriptions() -> None:
+            while waiting_subscriptions:
+                frame = await self.control.recv()
+                if frame[:1] == b"\x01":
+                    waiting_subscriptions.discard(frame[1:])
+
+        async def acks() -> None:
+            while len(ready) < self.size - 1:
+                message = await self._recv_ack()
+                if isinstance(message, PeerReady):
+                    ready[message.rank] = message.num_blocks
+                    self.liveness.expect_beats_now(message.rank)
+
+        await asyncio.wait_for(asyncio.gather(subscriptions(), acks()), PEER_STARTUP_TIMEOUT_S)
+        return min(num_blocks, *ready.values())
+
+    def serve(self) -> None:
+        if self.size > 1:
+            self.rank.spawn(self._ack_loop())
+            self.rank.spawn(self._control_inbound_loop())
+
+    def publish_plan(self, plan: StepPlan) -> None:
+        """Before the driver runs a plan, every peer gets it (XPUB never blocks a send)."""
+        if self.control is not None:
+            sent = self.control.send_multipart(encode(PlanMessage(plan=plan)))
+            if sent.done() and sent.exception() is not None:
+                raise sent.exception()
+
+    async def run_phase(self, phase: WeightsPhase, executor: Executor) -> tuple[str | None, int]:
+        """Run one weights phase on the driver and every peer: the first errors (or None), and
+        the bytes freed in total."""
+        if self.control is not None:
+            await self.control.send_multipart(encode(WeightsStatus(phase=phase)))
+        from_peers = asyncio.ensure_future(self._collect(phase.op, self.size - 1))
+        errors, freed = [], 0
+        try:
+            freed += await asyncio.wrap_future(executor.run_weights_phase(phase))
+        except Exception as exc:
+            errors.append(f"rank 0: {type(exc).__name__}: {exc}")
+        for ack in await from_peers:
+            freed += ack.freed_bytes
+            if not ack.ok:
+                errors.append(f"rank {ack.rank}: {ack.error}")
+        error = "; ".join(errors) or None
+        if error:
+            log.error("weights %s failed: %s", phase.op, error)
+        return error, freed
+
+    async def send_shutdown(self, reason: str, failed: bool) -> None:
+        if self.control is None:
+            return
+        try:
+            message = Shutdown(reason=reason, failed=failed)
+            await self.control.send_multipart(encode(message), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _collect(self, op: WeightsOp, count: int) -> list[WeightsAck]:
+        acks = []
+        while len(acks) < count:
+            ack = await asyncio.wait_for(self.weights_acks.get(), PHASE_TIMEOUT_S)
+            if ack.op == op:
+                acks.append(ack)
+        return acks
+
+    async def _recv_ack(self):
+        while True:
+            frames = await self.acks.recv_multipart()
+            try:
+                message = ACK_DECODER.decode(frames)
+            except ProtocolError as exc:
+                self.rejected.count(f"acks channel: {exc}")
+                continue
+            if isinstance(message, PeerFailed):
+                raise FatalError(
+                    ExitCode.PEER_LOST,
+                    f"rank {message.rank} failed at step {message.step_id}: {message.reason}",
+                )
+            return message
+
+    async def _ack_loop(self) -> None:
+        while True:
+            message = await self._recv_ack()
+            if isinstance(message, WeightsAck):
+                self.weights_acks.put_nowait(message)
+            await asyncio.sleep(0)
+
+    async def _control_inbound_loop(self) -> None:
+        """XPUB delivers (un)subscriptions, and anything an XSUB sends upstream: count the rest."""
+        while True:
+            await asyncio.sleep(0)  # a flood here must not starve the other coroutines
+            frame = await self.control.recv()
+            if frame[:1] not in (b"\x00", b"\x01"):
+                self.rejected.count("control channel: data sent upstream on the control channel")
