@@ -17,7 +17,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
-from aioworker.compute.executor_thread import Executor
+from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers import cpu_packing
@@ -74,7 +74,7 @@ def build_rank(
     dist_init: str | None = None,
     device_index: int = 0,
     report_phase: Callable[[str], None] | None = None,
-) -> tuple[Executor, LoadedRank]:
+) -> tuple[ExecutorThread, LoadedRank]:
     """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
@@ -84,7 +84,7 @@ def build_rank(
     max_model_len = config.model.max_model_len or cfg.max_position_embeddings
     if config.device.num_threads and device.type == "cpu":
         torch.set_num_threads(config.device.num_threads)
-    executor = Executor(device)
+    executor = ExecutorThread(device)
     try:
         if tp.size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
@@ -133,7 +133,7 @@ class _Build:
     report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
 
 
-def _build_runner(executor: Executor, build: _Build) -> int:
+def _build_runner(executor: ExecutorThread, build: _Build) -> int:
     """Runs on the executor thread: the device's state is created where it will be used."""
     config, device = build.config, build.device
     model = _build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
@@ -164,7 +164,7 @@ def _build_runner(executor: Executor, build: _Build) -> int:
     return num_blocks
 
 
-def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
+def _build_cuda_runner(executor: ExecutorThread, model, build: _Build) -> int:
     from aioworker.compute.cuda_runner import CudaModelRunner
     from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
 

@@ -23,7 +23,7 @@ from aioworker.core.weights_phase import WeightsPhase
 _STOP = object()
 
 
-class Executor:
+class ExecutorThread:
     def __init__(self, device: torch.device, name: str = "aioworker-executor") -> None:
         self.device = device
         self.runner = None  # set by `call(build)` on this thread
