@@ -73,7 +73,6 @@ class ModelRunner:
         self.device = device
         self.tp = tp
         self.seqs: dict[int, _SeqState] = {}
-        self.memory = None  # a DeviceMemory, set when the rank is built
         self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
 
     def drop_graphs(self) -> None:
