@@ -102,7 +102,7 @@ def free(engine) -> None:
     engine.close()
     for layer in engine.executor.runner.model.attention_layers():
         layer.k_cache = layer.v_cache = torch.empty(0)
-    engine.executor.runner = None
+    engine.executor.uninstall()
     gc.collect()
     torch.cuda.empty_cache()
 

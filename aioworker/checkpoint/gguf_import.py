@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from safetensors.torch import save_file
+from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from aioworker.checkpoint.gguf_tokenizer import build_tokenizer
@@ -146,8 +145,9 @@ def _generation_config(meta: _Metadata) -> dict[str, Any]:
 
 def _tensors(
     reader: GGUFReader, config: dict[str, Any], permuted: bool, progress: bool
-) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
+) -> dict[str, np.ndarray]:
+    """float32 arrays by Hugging Face name, C-contiguous: safetensors writes their raw buffers."""
+    out: dict[str, np.ndarray] = {}
     for tensor in tqdm(
         reader.tensors, desc="dequantizing", unit="tensor", disable=not progress, leave=False
     ):
@@ -164,7 +164,7 @@ def _tensors(
                 else config["num_key_value_heads"]
             )
             values = unpermute_rotary(values, heads)
-        out[name] = torch.from_numpy(values)
+        out[name] = np.ascontiguousarray(values)
     return out
 
 

@@ -82,7 +82,7 @@ def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
 
 
 def _convert_into(gguf_path: Path, target: Path, progress: bool) -> None:
-    from aioworker.checkpoint.gguf_import import convert_gguf  # heavy: torch, gguf
+    from aioworker.checkpoint.gguf_import import convert_gguf  # gguf, numpy: conversion only
 
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

@@ -17,7 +17,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
-from aioworker.compute.executor_thread import Executor
+from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers import cpu_packing
@@ -33,7 +33,7 @@ from aioworker.compute.models.llama import LlamaForCausalLM
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.runner import ModelRunner
 from aioworker.compute.sampler import Sampler
-from aioworker.compute.weights.memory import DeviceMemory
+from aioworker.compute.weights.rank_weights import RankWeights
 from aioworker.config import WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
 
@@ -74,7 +74,7 @@ def build_rank(
     dist_init: str | None = None,
     device_index: int = 0,
     report_phase: Callable[[str], None] | None = None,
-) -> tuple[Executor, LoadedRank]:
+) -> tuple[ExecutorThread, LoadedRank]:
     """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
@@ -84,7 +84,7 @@ def build_rank(
     max_model_len = config.model.max_model_len or cfg.max_position_embeddings
     if config.device.num_threads and device.type == "cpu":
         torch.set_num_threads(config.device.num_threads)
-    executor = Executor(device)
+    executor = ExecutorThread(device)
     try:
         if tp.size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
@@ -102,7 +102,8 @@ def build_rank(
             progress,
             report_phase or _ignore,
         )
-        num_blocks = executor.call(lambda: _build_runner(executor, build)).result()
+        runner, weights, num_blocks = executor.call(lambda: _build_runner(build)).result()
+        executor.install(runner, weights)
     except BaseException:
         executor.shutdown()
         raise
@@ -133,8 +134,9 @@ class _Build:
     report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
 
 
-def _build_runner(executor: Executor, build: _Build) -> int:
-    """Runs on the executor thread: the device's state is created where it will be used."""
+def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
+    """Runs on the executor thread: the device's state is created where it will be used.
+    Returns the runner, its weights and the number of KV cache blocks."""
     config, device = build.config, build.device
     model = _build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
     if config.model.load_format == "dummy":
@@ -147,24 +149,22 @@ def _build_runner(executor: Executor, build: _Build) -> int:
     if config.device.cpu_packed_weights and cpu_packing.is_available(device):
         cpu_packing.pack_model(model)
     if device.type == "cuda" and config.device.attention_backend != "torch":
-        return _build_cuda_runner(executor, model, build)
+        return _build_cuda_runner(model, build)
     layers = model.attention_layers()
     num_blocks = _num_blocks(
         config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
     )
     allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device)
     backend = TorchAttentionBackend(config.cache.block_size, build.model_config.sliding_window)
-    executor.runner = ModelRunner(
-        model, backend, Sampler(config.model.seed, device), device, build.tp
-    )
-    executor.runner.memory = DeviceMemory(
-        executor.runner,
+    runner = ModelRunner(model, backend, Sampler(config.model.seed, device), device, build.tp)
+    weights = RankWeights(
+        runner,
         lambda: allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device),
     )
-    return num_blocks
+    return runner, weights, num_blocks
 
 
-def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
+def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     from aioworker.compute.cuda_runner import CudaModelRunner
     from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
 
@@ -177,7 +177,7 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
             f"model.max_model_len <= {window}"
         )
 
-    def runner(num_blocks: int, capture: int = 0):
+    def make_runner(num_blocks: int, capture: int = 0) -> CudaModelRunner:
         return CudaModelRunner(
             model,
             select_cuda_backend(config.device.attention_backend, config.cache.block_size),
@@ -195,7 +195,7 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
     if not num_blocks:
         build.report_phase("PROFILING")
         num_blocks = profile_num_blocks(
-            runner, model, config, build.model_config, build.dtype, device
+            make_runner, model, config, build.model_config, build.dtype, device
         ).num_blocks
     _check_holds_one_sequence(
         num_blocks, config.cache.block_size, build.max_model_len, "gpu_memory_utilization"
@@ -208,12 +208,12 @@ def _build_cuda_runner(executor: Executor, model, build: _Build) -> int:
 
     allocate_cache()
     capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
-    executor.runner = runner(num_blocks, capture)
-    executor.runner.memory = DeviceMemory(executor.runner, allocate_cache)
-    if executor.runner.graphs is not None:
+    runner = make_runner(num_blocks, capture)
+    weights = RankWeights(runner, allocate_cache)
+    if runner.graphs is not None:
         build.report_phase("WARMING")
-        executor.runner.graphs.capture()
-    return num_blocks
+        runner.graphs.capture()
+    return runner, weights, num_blocks
 
 
 def _ignore(_: str) -> None:

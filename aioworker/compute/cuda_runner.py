@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from aioworker.compute.cuda_graphs import DecodeGraphs, decode_forward
+from aioworker.compute.cuda_graphs import DecodeGraphs
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.cuda_backend import (
     CudaAttentionMetadata,
@@ -20,7 +20,7 @@ from aioworker.compute.layers.attention.cuda_backend import (
     PrefillPart,
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
-from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError
+from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError, StepHandle
 from aioworker.core.plan import StepPlan, StepResult
 
 
@@ -105,11 +105,8 @@ class CudaModelRunner(ModelRunner):
 
     # -- a step -------------------------------------------------------------------------------
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        return self.launch(plan).result()
-
     @torch.inference_mode()
-    def launch(self, plan: StepPlan):
+    def launch(self, plan: StepPlan) -> StepHandle:
         """Queue the step's GPU work and the copy of its sampled tokens; returns at once."""
         self.apply_plan_state(plan)
         if plan.is_empty:
@@ -228,9 +225,6 @@ class CudaModelRunner(ModelRunner):
             .pin_memory()
             .to(self.device, non_blocking=True)
         )
-
-    def decode_forward(self, token_ids, positions, rows, num_splits: int) -> torch.Tensor:
-        return decode_forward(self, token_ids, positions, rows, num_splits)
 
 
 class PendingStep:

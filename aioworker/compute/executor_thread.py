@@ -1,5 +1,6 @@
 """The executor thread: it owns the device, the model, the KV cache and (on a GPU) its own CUDA
-stream. The asyncio loop and the offline engine meet it only through `submit(plan) -> Future`.
+stream. The asyncio loop and the offline engine meet it only through the `Executor` Protocol of
+core/: `submit(plan) -> Future`, `run_weights_phase(phase) -> Future`, `shutdown()`.
 
 Steps are launched on the executor thread and completed on a second thread that waits for each
 step's sampled tokens: so while step N runs on the GPU, step N+1 can already be launched behind
@@ -13,20 +14,27 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
+if TYPE_CHECKING:
+    from aioworker.compute.runner import ModelRunner
+    from aioworker.compute.weights.rank_weights import RankWeights
+
 _STOP = object()
 
 
-class Executor:
+class ExecutorThread:
+    """Satisfies core's `Executor` Protocol; `call(fn)` runs anything else on the thread."""
+
     def __init__(self, device: torch.device, name: str = "aioworker-executor") -> None:
         self.device = device
-        self.runner = None  # set by `call(build)` on this thread
+        self.runner: ModelRunner | None = None  # both given by install()
+        self.weights: RankWeights | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._launched: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -35,6 +43,17 @@ class Executor:
         )
         self._thread.start()
         self._completer.start()
+
+    def install(self, runner: ModelRunner, weights: RankWeights) -> None:
+        """Hand over what the thread runs steps and weights phases on, once they are built (by
+        `call`, on this thread: device state is created where it is used)."""
+        self.runner = runner
+        self.weights = weights
+
+    def uninstall(self) -> None:
+        """Forget the runner and weights, so their memory can be freed once the thread has
+        stopped (benchmarks build one engine after another in one process)."""
+        self.runner = self.weights = None
 
     def submit(self, plan: StepPlan) -> Future[StepResult]:
         future: Future = Future()
@@ -50,9 +69,7 @@ class Executor:
     def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
         """A weights update phase or a memory release / resume, in order after the steps already
         submitted; the future gives the bytes freed."""
-        from aioworker.compute.weights.phases import run_weights_phase
-
-        return self.call(lambda: run_weights_phase(self.runner, phase))
+        return self.call(lambda: self.weights.run_phase(phase))
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""

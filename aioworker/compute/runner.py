@@ -1,12 +1,14 @@
 """Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
 
 Keeps, per running sequence, what plans send only once: its block table, prompt length and
-sampling settings.
+sampling settings. A runner implements one method, `launch(plan) -> StepHandle`; this CPU runner
+finishes the step inside it, the CUDA runner only queues the step's work on the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +30,13 @@ class _SeqState:
     num_prompt_tokens: int
     sampling: SamplingSettings
     last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
+
+
+class StepHandle(Protocol):
+    """A launched step; `result()` waits for its sampled tokens (on the executor's completion
+    thread) and gives its StepResult."""
+
+    def result(self) -> StepResult: ...
 
 
 class CompletedStep:
@@ -64,7 +73,6 @@ class ModelRunner:
         self.device = device
         self.tp = tp
         self.seqs: dict[int, _SeqState] = {}
-        self.memory = None  # a DeviceMemory, set when the rank is built
         self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
 
     def drop_graphs(self) -> None:
@@ -73,19 +81,21 @@ class ModelRunner:
     def recapture_graphs(self) -> None:
         """Nothing to capture on the CPU."""
 
-    def launch(self, plan: StepPlan):
-        """Start a step; the returned object's result() gives its StepResult (here: at once)."""
-        return CompletedStep(self.execute(plan))
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step to its end (memory profiling, tests); the executor thread calls launch."""
+        return self.launch(plan).result()
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult:
+    def launch(self, plan: StepPlan) -> StepHandle:
+        """Run the step: on the CPU its forward and sampling finish here, so the handle is
+        complete when returned."""
         self.apply_plan_state(plan)
         if plan.is_empty:
-            return StepResult(plan.step_id, [])
+            return CompletedStep(StepResult(plan.step_id, []))
         inputs = self.prepare_inputs(plan)
         hidden = self.model(inputs.token_ids, inputs.positions, inputs.attn)
         if not inputs.sample_rows:
-            return StepResult(plan.step_id, [])
+            return CompletedStep(StepResult(plan.step_id, []))
         logits = self.model.compute_logits(hidden[inputs.sample_idx])
         tokens = self.share_samples(
             self.sampler(logits, inputs.sample_rows) if self.tp.is_driver else None,
@@ -97,7 +107,7 @@ class ModelRunner:
         token_list = tokens.tolist()
         for seq_id, token in zip(sampled_ids, token_list, strict=True):
             self.seqs[seq_id].last_sampled = token
-        return StepResult(plan.step_id, token_list if self.tp.is_driver else [])
+        return CompletedStep(StepResult(plan.step_id, token_list if self.tp.is_driver else []))
 
     def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
         """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the

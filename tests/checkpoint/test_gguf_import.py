@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +77,12 @@ def test_unsupported_gguf_architecture_is_named(tmp_path) -> None:
         GGUFImportError, match="GGUF architecture 'gpt2' is not supported; supported: llama"
     ):
         convert_gguf(path, tmp_path / "out")
+
+
+def test_checkpoint_imports_no_torch() -> None:
+    modules = "gguf_import, gguf_tokenizer, model_config, source, tokenizer"
+    code = (
+        f"from aioworker.checkpoint import {modules}; import sys; assert 'torch' not in sys.modules"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,82 @@
+"""The model runner's one launch path: on the CPU, launch runs the forward and sampling before it
+returns, and execute is launch(plan).result() for every runner."""
+
+from __future__ import annotations
+
+import pytest
+
+from aioworker.compute.runner import CompletedStep, ModelRunner
+from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
+from aioworker.core.sampling_params import SamplingParams
+from tests.conftest import make_engine
+from tests.tiny_models import build_tiny_model
+
+PROMPT = [5, 17, 42, 8, 99, 3]
+GREEDY = SamplingSettings(0.0, 0, 1.0, None, 0, [])
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    build_tiny_model("qwen3", path)
+    engine = make_engine(path, **{"cache.num_blocks": 64, "model.max_model_len": 256})
+    yield engine
+    engine.close()
+
+
+def prefill(step_id: int, seq_id: int) -> StepPlan:
+    """The whole prompt in one step, into a block of its own (block = -seq_id)."""
+    return StepPlan(
+        step_id=step_id,
+        seq_ids=[seq_id],
+        num_scheduled_tokens=[len(PROMPT)],
+        start_positions=[0],
+        new_block_ids=[[-seq_id]],
+        sample=[True],
+        input_token_ids=PROMPT,
+        new_seqs=[NewSeq(seq_id, len(PROMPT), GREEDY)],
+    )
+
+
+def release(step_id: int, seq_id: int) -> StepPlan:
+    return StepPlan(
+        step_id=step_id,
+        seq_ids=[],
+        num_scheduled_tokens=[],
+        start_positions=[],
+        new_block_ids=[],
+        sample=[],
+        input_token_ids=[],
+        released_seq_ids=[seq_id],
+    )
+
+
+def test_cpu_launch_samples_before_it_returns_and_execute_agrees(tiny_engine) -> None:
+    [expected] = tiny_engine.generate(
+        [PROMPT], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    )
+    runner = tiny_engine.executor.runner
+
+    def launch_then_execute():
+        handle = runner.launch(prefill(-1, -1))
+        sampled_at_launch = runner.seqs[-1].last_sampled
+        executed = runner.execute(prefill(-2, -2))
+        runner.execute(release(-3, -1))
+        runner.execute(release(-4, -2))
+        return handle, sampled_at_launch, executed
+
+    handle, sampled_at_launch, executed = tiny_engine.executor.call(launch_then_execute).result()
+    assert isinstance(handle, CompletedStep)
+    assert sampled_at_launch == expected.token_ids[0]
+    assert handle.result().sampled_token_ids == expected.token_ids
+    assert executed.sampled_token_ids == expected.token_ids
+    assert -1 not in runner.seqs and -2 not in runner.seqs
+
+
+def test_the_cuda_runner_implements_launch_only() -> None:
+    pytest.importorskip("triton")
+    from aioworker.compute.cuda_runner import CudaModelRunner
+
+    assert "launch" in vars(CudaModelRunner)
+    assert CudaModelRunner.execute is ModelRunner.execute
+    assert not hasattr(CudaModelRunner, "decode_forward")
