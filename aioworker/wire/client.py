@@ -18,7 +18,6 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
@@ -43,6 +42,27 @@ from aioworker.wire.transport import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """One request's outputs as they arrive, ending after its terminal output; `group` is the
+    data-parallel group serving it."""
+
+    def __init__(self, request_id: str, group: int, queue: asyncio.Queue[RequestOutput]) -> None:
+        self.request_id = request_id
+        self.group = group
+        self._queue = queue
+        self._ended = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._ended:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        self._ended = out.finished
+        return out
 
 
 class Client:
@@ -124,8 +144,8 @@ class Client:
         params: SamplingParams,
         request_id: str | None = None,
         group: int | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Send a request; the iterator yields its outputs and ends after the terminal one."""
+    ) -> RequestStream:
+        """Send a request; the stream yields its outputs and ends after the terminal one."""
         await self.start()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -142,14 +162,13 @@ class Client:
             reply_to=self.reply_endpoint,
         )
         await self._pushes[group].send_multipart(encode(message))
-        return self._stream(request_id, queue)
+        return RequestStream(request_id, group, queue)
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> Completion:
-        request_id, group = request_id or uuid.uuid4().hex, self._pick_group()
-        stream = await self.submit(prompt_token_ids, params, request_id, group)
-        completion = Completion(request_id, list(prompt_token_ids), group=group)
+        stream = await self.submit(prompt_token_ids, params, request_id)
+        completion = Completion(stream.request_id, list(prompt_token_ids), group=stream.group)
         async for out in stream:
             completion.add(out)
         return completion
@@ -172,15 +191,6 @@ class Client:
             group = next(self._round_robin)
             if self._in_flight[group] == fewest:
                 return group
-
-    async def _stream(
-        self, request_id: str, queue: asyncio.Queue[RequestOutput]
-    ) -> AsyncIterator[RequestOutput]:
-        while True:
-            out = await queue.get()
-            yield out
-            if out.finished:
-                return
 
     async def _read_results(self) -> None:
         while True:

@@ -44,14 +44,14 @@ def test_10000_requests_from_4_clients_each_get_exactly_one_terminal_output(
             ]
 
             async def terminals(stream) -> list:
-                return [out async for out in stream if out.finished]
+                return [(out, stream.group) async for out in stream if out.finished]
 
             results = await asyncio.wait_for(asyncio.gather(*(terminals(s) for s in streams)), 600)
             await asyncio.sleep(0.5)  # a duplicate terminal would arrive by now
             return (
                 results,
                 [c.num_unexpected_outputs for c in clients],
-                [c.group for r in results for c in r],
+                [group for r in results for _, group in r],
             )
         finally:
             for client in clients:
@@ -59,6 +59,6 @@ def test_10000_requests_from_4_clients_each_get_exactly_one_terminal_output(
 
     with running(config, set_args):
         results, unexpected, groups = asyncio.run(scenario())
-    assert all(len(r) == 1 and r[0].finish_reason == "length" for r in results)
+    assert all(len(r) == 1 and r[0][0].finish_reason == "length" for r in results)
     assert unexpected == [0] * NUM_CLIENTS
     assert min(groups.count(0), groups.count(1)) > NUM_REQUESTS // 4
