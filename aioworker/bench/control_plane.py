@@ -26,6 +26,7 @@ from aioworker.config import WorkerConfig, load_config
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.admin_client import send as admin_send
 from aioworker.wire.client import Client
+from aioworker.wire.health import RankState
 from aioworker.wire.protocol import RESULT_DECODER, AdminRequest, SubmitRequest, encode
 from aioworker.wire.transport import client_reply_endpoint, group_endpoints
 
@@ -82,7 +83,7 @@ def start_worker(config: WorkerConfig, step_ms: float = 0.0) -> subprocess.Popen
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         reply = admin_send(config, 0, AdminRequest(command="status"), 0.5).reply
-        if reply.ok and reply.data.get("state") == "READY":
+        if reply.ok and reply.data.get("state") == RankState.READY:
             return process
     process.kill()
     raise RuntimeError("the benchmark worker did not become READY within 30 s")

@@ -45,21 +45,21 @@ def embedded_gguf_path() -> Path:
     return path
 
 
-def resolve_model_path(spec: str, progress: bool = True) -> Path:
-    """Return a model directory for `spec` (a directory, a .gguf file, or 'embedded')."""
-    if spec == EMBEDDED:
+def resolve_model_path(model_path: str, progress: bool = True) -> Path:
+    """Return a model directory for `model_path` (a directory, a .gguf file, or 'embedded')."""
+    if model_path == EMBEDDED:
         return converted_gguf_dir(embedded_gguf_path(), progress)
-    path = Path(spec).expanduser()
+    path = Path(model_path).expanduser()
     if path.is_dir():
         return path
     if path.is_file() and path.suffix == ".gguf":
         return converted_gguf_dir(path, progress)
     if path.exists():
         raise ModelNotFoundError(
-            f"model path {spec!r} is neither a model directory nor a .gguf file"
+            f"model path {model_path!r} is neither a model directory nor a .gguf file"
         )
     raise ModelNotFoundError(
-        f"model path {spec!r} does not exist; pass a Hugging Face model directory, a .gguf file, "
+        f"model path {model_path!r} does not exist; pass a Hugging Face model directory, a .gguf file, "
         f"or '{EMBEDDED}' for the built-in SmolLM2-135M-Instruct"
     )
 

@@ -1,6 +1,6 @@
 """The step contract between the scheduler and every rank's executor: StepPlan in, StepResult out.
 
-A plan carries deltas: a sequence's sampling spec and prompt length travel once (in `new_seqs`),
+A plan carries deltas: a sequence's sampling settings and prompt length travel once (in `new_seqs`),
 and afterwards only its new tokens and newly allocated blocks do. Executors keep the rest, so
 plans stay small at hundreds of running requests. Plans are numbered: a rank that sees a gap
 has lost state and must stop.

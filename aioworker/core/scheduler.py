@@ -269,7 +269,7 @@ class Scheduler:
 
 def _new_seq(seq: Sequence) -> NewSeq:
     params = seq.params
-    spec = SamplingSettings(
+    settings = SamplingSettings(
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
@@ -277,4 +277,4 @@ def _new_seq(seq: Sequence) -> NewSeq:
         min_tokens=params.min_tokens,
         stop_token_ids=sorted(seq.stop_token_ids) if params.min_tokens else [],
     )
-    return NewSeq(seq.seq_id, seq.num_prompt_tokens, spec)
+    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings)

@@ -13,23 +13,12 @@ import torch
 from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
+from tests.plans import empty_plan
 
 SLOW_STEP_ID = 0  # its tokens take SLOW_SECONDS to arrive
 FAILS_AT_LAUNCH = 98
 FAILS_AT_RESULT = 99
 SLOW_SECONDS = 0.5
-
-
-def plan(step_id: int) -> StepPlan:
-    return StepPlan(
-        step_id=step_id,
-        seq_ids=[],
-        num_scheduled_tokens=[],
-        start_positions=[],
-        new_block_ids=[],
-        sample=[],
-        input_token_ids=[],
-    )
 
 
 class LaunchedStep:
@@ -79,7 +68,7 @@ def test_later_steps_launch_while_one_runs_and_results_keep_submission_order(
     executor_events,
 ) -> None:
     executor, events = executor_events
-    futures = [executor.submit(plan(i)) for i in range(4)]
+    futures = [executor.submit(empty_plan(i)) for i in range(4)]
     finished: list[int] = []
     for future in futures:
         future.add_done_callback(lambda f: finished.append(f.result().step_id))
@@ -93,9 +82,9 @@ def test_later_steps_launch_while_one_runs_and_results_keep_submission_order(
 def test_a_weights_phase_runs_after_the_steps_submitted_before_it(executor_events) -> None:
     executor, events = executor_events
     executor.call(lambda: time.sleep(0.2))  # keeps the thread busy while everything is queued
-    first = [executor.submit(plan(i)) for i in (1, 2)]
+    first = [executor.submit(empty_plan(i)) for i in (1, 2)]
     phase = executor.run_weights_phase(WeightsPhase(op="commit"))
-    last = executor.submit(plan(3))
+    last = executor.submit(empty_plan(3))
     assert phase.result(timeout=5) == 7
     wait([*first, last], timeout=5)
     order = [e for e in events if not e.startswith("done")]
@@ -104,9 +93,9 @@ def test_a_weights_phase_runs_after_the_steps_submitted_before_it(executor_event
 
 def test_a_failing_step_fails_only_its_own_future(executor_events) -> None:
     executor, _ = executor_events
-    bad_plan = executor.submit(plan(FAILS_AT_LAUNCH))
-    bad_device = executor.submit(plan(FAILS_AT_RESULT))
-    good = executor.submit(plan(3))
+    bad_plan = executor.submit(empty_plan(FAILS_AT_LAUNCH))
+    bad_device = executor.submit(empty_plan(FAILS_AT_RESULT))
+    good = executor.submit(empty_plan(3))
     with pytest.raises(ValueError, match="a bad plan"):
         bad_plan.result(timeout=5)
     with pytest.raises(RuntimeError, match="the device failed"):
@@ -118,6 +107,6 @@ def test_shutdown_finishes_the_queued_steps_first() -> None:
     events: list[str] = []
     executor = ExecutorThread(torch.device("cpu"), name="test-executor")
     executor.install(RecordingRunner(events), RecordingWeights(events))
-    futures = [executor.submit(plan(i)) for i in range(3)]
+    futures = [executor.submit(empty_plan(i)) for i in range(3)]
     assert executor.shutdown(timeout=5)
     assert [f.result(timeout=0) for f in futures] == [StepResult(i, [i]) for i in range(3)]

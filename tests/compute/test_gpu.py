@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aioworker.config import load_config
-from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
 from aioworker.core.sampling_params import SamplingParams
+from tests.plans import empty_plan, prefill_plan
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -37,12 +37,7 @@ def prefill_logits(eng, token_ids: list[int]) -> torch.Tensor:
     """Logits at every prompt position through the CUDA runner's eager path."""
     runner = eng.executor.runner
     num_blocks = -(-len(token_ids) // eng.loaded.block_size)
-    plan = StepPlan(
-        step_id=-1, seq_ids=[-1], num_scheduled_tokens=[len(token_ids)], start_positions=[0],
-        new_block_ids=[list(range(num_blocks))], sample=[True], input_token_ids=token_ids,
-        new_seqs=[NewSeq(-1, len(token_ids), SamplingSettings(0.0, 0, 1.0, None, 0, []))],
-        released_seq_ids=[],
-    )  # fmt: skip
+    plan = prefill_plan(token_ids, list(range(num_blocks)))
 
     @torch.inference_mode()
     def run() -> torch.Tensor:
@@ -50,17 +45,7 @@ def prefill_logits(eng, token_ids: list[int]) -> torch.Tensor:
         nums, starts = np.array([len(token_ids)]), np.array([0])
         ids = np.asarray(token_ids, dtype=np.int64)
         hidden = runner._forward_eager(ids, nums, starts, np.array([runner.rows[-1]]), plan)
-        release = StepPlan(
-            step_id=-1,
-            seq_ids=[],
-            num_scheduled_tokens=[],
-            start_positions=[],
-            new_block_ids=[],
-            sample=[],
-            input_token_ids=[],
-            released_seq_ids=[-1],
-        )
-        runner.apply_plan_state(release)
+        runner.apply_plan_state(empty_plan(-1, released_seq_ids=(-1,)))
         return runner.model.compute_logits(hidden).float()
 
     return eng.executor.call(run).result()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.plans import prefill_plan
 from tests.tiny_models import build_tiny_model
 
 NUM_NEW_TOKENS = 32
@@ -18,16 +18,7 @@ def prefill_logits(engine, token_ids: list[int]) -> torch.Tensor:
     """Logits at every prompt position, computed by the engine's own model and KV cache."""
     runner = engine.executor.runner
     num_blocks = -(-len(token_ids) // engine.loaded.block_size)
-    plan = StepPlan(
-        step_id=-1,
-        seq_ids=[-1],
-        num_scheduled_tokens=[len(token_ids)],
-        start_positions=[0],
-        new_block_ids=[list(range(num_blocks))],
-        sample=[True],
-        input_token_ids=token_ids,
-        new_seqs=[NewSeq(-1, len(token_ids), SamplingSettings(0.0, 0, 1.0, None, 0, []))],
-    )
+    plan = prefill_plan(token_ids, list(range(num_blocks)))
 
     @torch.inference_mode()
     def run() -> torch.Tensor:

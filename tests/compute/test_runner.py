@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from aioworker.compute.runner import CompletedStep, ModelRunner
-from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
+from aioworker.core.plan import StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.plans import empty_plan, prefill_plan
 from tests.tiny_models import build_tiny_model
 
 PROMPT = [5, 17, 42, 8, 99, 3]
-GREEDY = SamplingSettings(0.0, 0, 1.0, None, 0, [])
 
 
 @pytest.fixture(scope="module")
@@ -26,29 +26,11 @@ def tiny_engine(tmp_path_factory):
 
 def prefill(step_id: int, seq_id: int) -> StepPlan:
     """The whole prompt in one step, into a block of its own (block = -seq_id)."""
-    return StepPlan(
-        step_id=step_id,
-        seq_ids=[seq_id],
-        num_scheduled_tokens=[len(PROMPT)],
-        start_positions=[0],
-        new_block_ids=[[-seq_id]],
-        sample=[True],
-        input_token_ids=PROMPT,
-        new_seqs=[NewSeq(seq_id, len(PROMPT), GREEDY)],
-    )
+    return prefill_plan(PROMPT, [-seq_id], seq_id, step_id)
 
 
 def release(step_id: int, seq_id: int) -> StepPlan:
-    return StepPlan(
-        step_id=step_id,
-        seq_ids=[],
-        num_scheduled_tokens=[],
-        start_positions=[],
-        new_block_ids=[],
-        sample=[],
-        input_token_ids=[],
-        released_seq_ids=[seq_id],
-    )
+    return empty_plan(step_id, released_seq_ids=(seq_id,))
 
 
 def test_cpu_launch_samples_before_it_returns_and_execute_agrees(tiny_engine) -> None:
