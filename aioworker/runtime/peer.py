@@ -55,7 +55,7 @@ class Peer:
         self.control = rank.socket(zmq.SUB, connect=endpoints.control)
         self.control.setsockopt(zmq.SUBSCRIBE, b"")
         # A topic no message carries: its arrival at the driver's XPUB says we are subscribed.
-        self.control.setsockopt(zmq.SUBSCRIBE, f"rank{rank.rank}".encode())
+        self.control.setsockopt(zmq.SUBSCRIBE, f"rank{rank.index}".encode())
         self.acks = rank.socket(zmq.PUSH, connect=endpoints.acks)
         beats = watch_socket(rank.context, [endpoints.heartbeats[0]])
         rank.adopt(beats)
@@ -68,7 +68,7 @@ class Peer:
         rank = self.rank
         rank.spawn(watch_for_hung_steps(rank.progress))
         await self.acks.send_multipart(
-            encode(PeerReady(rank=rank.rank, num_blocks=loaded.num_blocks))
+            encode(PeerReady(rank=rank.index, num_blocks=loaded.num_blocks))
         )
         rank.lifecycle.move(RankState.READY)
         self.liveness.expect_beats_now(0)  # the driver is up: our sockets reached it
@@ -134,7 +134,7 @@ class Peer:
             return
         exc = done.exception()
         reason = f"{type(exc).__name__}: {exc}"
-        message = PeerFailed(rank=self.rank.rank, step_id=step_id, reason=reason)
+        message = PeerFailed(rank=self.rank.index, step_id=step_id, reason=reason)
         try:  # queued at once (NOBLOCK): the rank is about to stop
             self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -144,7 +144,7 @@ class Peer:
     async def run_weights_phase(self, phase: WeightsPhase) -> None:
         """A phase of a weights update (or a memory release / resume), after the plans already
         queued; the driver waits for this rank's ack."""
-        rank_id = self.rank.rank
+        rank_id = self.rank.index
         try:
             freed = await asyncio.wrap_future(self.executor.run_weights_phase(phase))
             ack = WeightsAck(rank=rank_id, op=phase.op, ok=True, freed_bytes=freed)
@@ -157,7 +157,7 @@ class Peer:
         await self.acks.send_multipart(encode(ack))
 
     async def report_failure(self, step_id: int, reason: str) -> None:
-        message = PeerFailed(rank=self.rank.rank, step_id=step_id, reason=reason)
+        message = PeerFailed(rank=self.rank.index, step_id=step_id, reason=reason)
         try:
             await self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
         except zmq.ZMQError:

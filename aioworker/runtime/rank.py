@@ -56,18 +56,18 @@ class Rank:
         self,
         config: WorkerConfig,
         group: int,
-        rank: int,
+        index: int,
         notifier: SystemdNotifier | None = None,
     ) -> None:
         self.config = config
         self.group = group
-        self.rank = rank
+        self.index = index  # this rank's number in its group (0: the driver)
         self.endpoints = group_endpoints(
             config.runtime, group, config.parallel.tensor_parallel_size
         )
         self.context = zmq.asyncio.Context()
         self.notifier = notifier if notifier is not None else SystemdNotifier({})
-        self.lifecycle = RankLifecycle(group, rank, self.notifier)
+        self.lifecycle = RankLifecycle(group, index, self.notifier)
         self.progress = StepProgress(config.runtime.hung_step_timeout_s)
         self.concerns = Concerns(self.lifecycle)
         self.executor: Executor | None = None
@@ -85,7 +85,7 @@ class Rank:
         except FatalError as exc:
             self.lifecycle.fail(exc.code, str(exc))
         except Exception as exc:
-            log.exception("rank %d of group %d failed", self.rank, self.group)
+            log.exception("rank %d of group %d failed", self.index, self.group)
             self.lifecycle.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
             await self._shutdown(role)
@@ -104,10 +104,10 @@ class Rank:
         startup.result()
 
     async def _startup(self, role: RankRole, build: BuildFn) -> None:
-        self._beat_socket = self.socket(zmq.PUB, bind=self.endpoints.heartbeats[self.rank])
+        self._beat_socket = self.socket(zmq.PUB, bind=self.endpoints.heartbeats[self.index])
         interval = self.config.runtime.heartbeat_interval_s
         self._beats = HeartbeatSource(
-            self.group, self.rank, interval, self.lifecycle, self.progress, role.serving_info
+            self.group, self.index, interval, self.lifecycle, self.progress, role.serving_info
         )
         self.spawn(self._beats.publish(self._beat_socket))
         if self.notifier.is_enabled:
