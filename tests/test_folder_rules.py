@@ -103,7 +103,7 @@ for name in sys.argv[1:]:
         importlib.import_module(name)
     except ImportError as exc:
         frames = traceback.extract_tb(exc.__traceback__)
-        chain = [f.filename for f in frames if f.name == "<module>"]
+        chain = [f.filename for f in frames if f.name == "<module>" and f.filename != "<string>"]
         failures.append(name + ": " + " -> ".join(chain) + " -> " + str(exc))
 print("\\n".join(failures))
 """
