@@ -78,7 +78,7 @@ class GroupControl:
         self.finish_drain_if_done()
 
     def finish_drain_if_done(self) -> None:
-        if self.state is RankState.DRAINING and not len(self.requests):
+        if self.state is RankState.DRAINING and not self.requests:
             self.lifecycle.stop()
 
     def stop(self) -> None:
