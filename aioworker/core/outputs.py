@@ -16,7 +16,7 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # refused at admission, or failed in a step
 
 
-class RequestOutput(msgspec.Struct, array_like=True):
+class RequestOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """A request's new tokens from one step; the request's one terminal output also says why it
     ended. Array-like: hundreds of these travel in every step's messages."""
 

@@ -15,7 +15,7 @@ import msgspec
 PENDING_TOKEN = -1
 
 
-class SamplingSettings(msgspec.Struct, array_like=True, frozen=True):
+class SamplingSettings(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     temperature: float
     top_k: int
     top_p: float
@@ -25,13 +25,13 @@ class SamplingSettings(msgspec.Struct, array_like=True, frozen=True):
     stop_token_ids: list[int]
 
 
-class NewSeq(msgspec.Struct, array_like=True, frozen=True):
+class NewSeq(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     seq_id: int
     num_prompt_tokens: int
     sampling: SamplingSettings
 
 
-class StepPlan(msgspec.Struct, frozen=True, kw_only=True):
+class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     step_id: int
     # Sequences scheduled this step, in batch order; the lists below are parallel to it.
     seq_ids: list[int]
@@ -58,7 +58,7 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True):
         return not self.seq_ids
 
 
-class StepResult(msgspec.Struct, frozen=True):
+class StepResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step_id: int
     # One token per sequence whose `sample` flag was set, in plan order.
     sampled_token_ids: list[int]

@@ -5,14 +5,21 @@ A msgspec Struct so it can travel on the wire unchanged; `validate` names the ba
 
 from __future__ import annotations
 
+import math
+
 import msgspec
+
+# The smallest temperature that is sampled as asked; below it, greedy (see is_greedy).
+GREEDY_BELOW = 1e-5
 
 
 class InvalidRequestError(ValueError):
     """A request cannot be served as given; the message names the field and the limit."""
 
 
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class SamplingParams(
+    msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
     max_tokens: int = 16
     min_tokens: int = 0
     # 0 = greedy.
@@ -33,9 +40,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             raise InvalidRequestError(
                 f"min_tokens is {self.min_tokens}; it must be between 0 and max_tokens ({self.max_tokens})"
             )
-        if not self.temperature >= 0.0:  # also rejects NaN
+        if not 0.0 <= self.temperature < math.inf:  # also rejects NaN
             raise InvalidRequestError(
-                f"temperature is {self.temperature}; it must be >= 0 (0 means greedy)"
+                f"temperature is {self.temperature}; it must be finite and >= 0 (0 means greedy)"
             )
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p is {self.top_p}; it must be in (0, 1]")
@@ -46,4 +53,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW sample greedily: dividing float32 logits by them
+        overflows, and the distribution they ask for is the argmax anyway."""
+        return self.temperature < GREEDY_BELOW

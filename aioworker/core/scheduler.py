@@ -270,7 +270,7 @@ class Scheduler:
 def _new_seq(seq: Sequence) -> NewSeq:
     params = seq.params
     settings = SamplingSettings(
-        temperature=params.temperature,
+        temperature=0.0 if params.is_greedy else params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         seed=params.seed,

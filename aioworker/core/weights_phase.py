@@ -11,7 +11,7 @@ import msgspec
 WeightsOp = Literal["stage", "commit", "rollback", "release", "resume"]
 
 
-class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
+class IpcTensor(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """A CUDA tensor of another process on this host, as torch.multiprocessing shares it: an
     IPC memory handle plus the layout to rebuild the tensor (no pickle)."""
 
@@ -30,7 +30,7 @@ class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
     event_sync_required: bool
 
 
-class WeightsPhase(msgspec.Struct, frozen=True, kw_only=True):
+class WeightsPhase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     op: WeightsOp
     version: int = 0
     path: str = ""  # stage: a safetensors directory...

@@ -30,7 +30,9 @@ class ProtocolError(ValueError):
     """A frame could not be decoded; the message says why."""
 
 
-class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class _Message(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True
+):
     pass
 
 
@@ -76,7 +78,7 @@ class PlanMessage(_Message, tag="plan"):
     plan: StepPlan
 
 
-class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
+class TensorMeta(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """A tensor sent as a raw little-endian frame beside the message."""
 
     name: str
