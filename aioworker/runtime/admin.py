@@ -18,6 +18,11 @@ from aioworker.wire.admin_commands import LOG_LEVELS, LONG_COMMANDS
 from aioworker.wire.health import RankState
 from aioworker.wire.protocol import ADMIN_DECODER, AdminReply, AdminRequest, ProtocolError, encode
 
+log = logging.getLogger(__name__)
+
+# A day: longer is a typo, and loop.call_later needs a finite number.
+MAX_DRAIN_DEADLINE_S = 86400.0
+
 
 class AdminHandler:
     def __init__(
@@ -60,7 +65,16 @@ class AdminHandler:
             if request.command in LONG_COMMANDS:
                 self.spawn(self._answer_long(route, request, frames[2:]))
                 continue
-            await self.sock.send_multipart([*route, *encode(self.handle(request))])
+            await self.sock.send_multipart([*route, *encode(self.answer(request))])
+
+    def answer(self, request: AdminRequest) -> AdminReply:
+        """Whatever a handler raises becomes a refusal with the reason: a bad admin frame must
+        never end the admin task, and with it the rank."""
+        try:
+            return self.handle(request)
+        except Exception as exc:
+            log.exception("admin %s failed", request.command)
+            return _failed(request, exc)
 
     def handle(self, request: AdminRequest) -> AdminReply:
         if request.command == "status":
@@ -70,7 +84,7 @@ class AdminHandler:
             return set_log_level(request.argument)
         if self.control is None:
             return self._not_ready()
-        return _HANDLERS[request.command](self, request.argument)
+        return getattr(self, _HANDLERS[request.command])(request.argument)
 
     async def handle_long(self, request: AdminRequest, raw_frames: list[bytes]) -> AdminReply:
         """Weights and memory commands: they hold the group and may take minutes."""
@@ -86,9 +100,8 @@ class AdminHandler:
         try:
             reply = await self.handle_long(request, raw_frames)
         except Exception as exc:
-            reply = AdminReply(
-                ok=False, message=f"{request.command} failed: {type(exc).__name__}: {exc}"
-            )
+            log.exception("admin %s failed", request.command)
+            reply = _failed(request, exc)
         await self.sock.send_multipart([*route, *encode(reply)])
 
     def _not_ready(self) -> AdminReply:
@@ -115,11 +128,12 @@ class AdminHandler:
         return AdminReply(ok=True, message="resumed")
 
     def drain(self, argument: str) -> AdminReply:
-        try:
-            deadline = float(argument) if argument else self.drain_timeout_s
-        except ValueError:
+        deadline = parse_drain_deadline(argument) if argument else self.drain_timeout_s
+        if deadline is None:
             return AdminReply(
-                ok=False, message=f"drain deadline {argument!r} is not a number of seconds"
+                ok=False,
+                message=f"drain deadline {argument!r} is not a number of seconds from 0 to "
+                f"{MAX_DRAIN_DEADLINE_S:g}",
             )
         in_flight = len(self.control.requests)
         self.control.start_drain(deadline)
@@ -138,6 +152,19 @@ class AdminHandler:
         return AdminReply(ok=True, message=f"shutting down; aborted {count} request(s)")
 
 
+def parse_drain_deadline(argument: str) -> float | None:
+    """Seconds from 0 to MAX_DRAIN_DEADLINE_S, or None (NaN, infinite, negative, not a number)."""
+    try:
+        deadline = float(argument)
+    except ValueError:
+        return None
+    return deadline if 0.0 <= deadline <= MAX_DRAIN_DEADLINE_S else None
+
+
+def _failed(request: AdminRequest, exc: Exception) -> AdminReply:
+    return AdminReply(ok=False, message=f"{request.command} failed: {type(exc).__name__}: {exc}")
+
+
 def set_log_level(level: str) -> AdminReply:
     if level.upper() not in LOG_LEVELS:
         return AdminReply(
@@ -147,11 +174,6 @@ def set_log_level(level: str) -> AdminReply:
     return AdminReply(ok=True, message=f"log level set to {level.upper()}")
 
 
-# The short commands of wire/admin_commands.py besides status and set-log-level (tested).
-_HANDLERS: dict[str, Callable[[AdminHandler, str], AdminReply]] = {
-    "pause": AdminHandler.pause,
-    "resume": AdminHandler.resume,
-    "drain": AdminHandler.drain,
-    "abort": AdminHandler.abort,
-    "shutdown": AdminHandler.shutdown,
-}
+# The short commands of wire/admin_commands.py besides status and set-log-level (tested), and
+# the AdminHandler method that answers each.
+_HANDLERS = {name: name for name in ("pause", "resume", "drain", "abort", "shutdown")}

@@ -1,0 +1,77 @@
+"""A driver rank run as a task of the test's own event loop, with the fake executor and real
+sockets in a temporary ipc directory: no subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aioworker.config import WorkerConfig, load_config
+from aioworker.core.fake_executor import build_fake, fake_token
+from aioworker.runtime.driver import Driver
+from aioworker.runtime.rank import Rank
+from aioworker.wire.admin_client import send
+from aioworker.wire.client import Client
+from aioworker.wire.health import RankState
+from aioworker.wire.protocol import AdminReply, AdminRequest
+
+BLOCK_SIZE = 16
+
+
+def inprocess_config(runtime_dir: Path, **overrides) -> WorkerConfig:
+    settings = {
+        "runtime.name": "inproc",
+        "runtime.runtime_dir": str(runtime_dir),
+        "runtime.heartbeat_interval_s": 0.2,
+        "cache.block_size": BLOCK_SIZE,
+        "cache.num_blocks": 64,
+        "model.max_model_len": 256,
+        **overrides,
+    }
+    return load_config(overrides=settings)
+
+
+class InProcessGroup:
+    """A driver rank run as a task of this test's event loop."""
+
+    def __init__(self, config: WorkerConfig, step_seconds: float) -> None:
+        self.config = config
+        self.rank = Rank(config, 0, 0)
+        self.driver = Driver(self.rank)
+        build = lambda report_phase: build_fake(config, step_seconds=step_seconds)  # noqa: E731
+        self.task = asyncio.ensure_future(self.rank.run(self.driver, build))
+
+    async def ready(self) -> None:
+        while self.rank.lifecycle.state is not RankState.READY:
+            assert not self.task.done(), self.task.result()
+            await asyncio.sleep(0.01)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.driver.core.block_manager.num_used_blocks
+
+    async def admin(self, command: str, argument: str = "", check: bool = True) -> AdminReply:
+        request = AdminRequest(command=command, argument=argument)
+        reply = (await asyncio.to_thread(send, self.config, 0, request, 5.0)).reply
+        assert reply.ok or not check, reply.message
+        return reply
+
+
+def expected_tokens(prompt_len: int, num: int) -> list[int]:
+    """What the fake executor samples after a prompt of `prompt_len` tokens."""
+    return [fake_token(prompt_len + i) for i in range(num)]
+
+
+def run(scenario, config: WorkerConfig, step_seconds: float = 0.002):
+    async def main():
+        group = InProcessGroup(config, step_seconds)
+        await asyncio.wait_for(group.ready(), 10)
+        try:
+            async with Client.from_config(config) as client:
+                result = await asyncio.wait_for(scenario(group, client), 30)
+        finally:
+            group.rank.lifecycle.stop()  # a no-op when the scenario stopped it already
+            await asyncio.wait_for(group.task, 10)
+        return result, group
+
+    return asyncio.run(main())
