@@ -80,6 +80,12 @@ class RequestIntake:
         except InvalidReplyEndpoint as exc:
             self.rejected.count(f"tasks channel: {exc}")
             return
+        if self.requests.client_of(message.request_id) == client:
+            # Its own request with this id is in flight: an error output would end that stream.
+            reason = f"request_id {message.request_id!r} is already in flight from this client"
+            rejected = Rejected(reason=reason, request_id=message.request_id)
+            self.results.send(message.reply_to, rejected, client_key)
+            return
         error = self.refusal(message)
         if error is None:
             try:

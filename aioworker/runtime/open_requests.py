@@ -45,6 +45,10 @@ class OpenRequests:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
+    def client_of(self, request_id: str) -> ClientAddress | None:
+        request = self._requests.get(request_id)
+        return request.client if request is not None else None
+
     def admit(
         self,
         request_id: str,

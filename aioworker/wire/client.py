@@ -202,6 +202,7 @@ class Client:
                 log.warning("dropped a malformed result frame: %s", exc)
                 continue
             if not isinstance(message, Outputs):
+                # Ends no stream: a frame that could not be decoded, or a duplicate request id.
                 log.error("a worker rejected one of our frames: %s", message.reason)
                 continue
             for out in message.outputs:

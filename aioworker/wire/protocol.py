@@ -64,9 +64,12 @@ class Outputs(_Message, tag="outputs"):
 
 
 class Rejected(_Message, tag="rejected"):
-    """A frame on the task channel that could not be decoded, reported to its reply_to if known."""
+    """A task frame refused without ending any request: one that could not be decoded, or a
+    second submit of a request id this client has in flight (`request_id` names it; the first
+    request runs on, and its stream is not touched)."""
 
     reason: str
+    request_id: str = ""
 
 
 ResultMessage = Outputs | Rejected

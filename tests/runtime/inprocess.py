@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import zmq
+import zmq.asyncio
+
 from aioworker.config import WorkerConfig, load_config
 from aioworker.core.fake_executor import build_fake, fake_token
+from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.driver import Driver
 from aioworker.runtime.rank import Rank
 from aioworker.wire.admin_client import send
 from aioworker.wire.client import Client
 from aioworker.wire.health import RankState
-from aioworker.wire.protocol import AdminReply, AdminRequest
+from aioworker.wire.protocol import RESULT_DECODER, AdminReply, AdminRequest, SubmitRequest, encode
+from aioworker.wire.transport import group_endpoints
 
 BLOCK_SIZE = 16
 
@@ -75,3 +80,29 @@ def run(scenario, config: WorkerConfig, step_seconds: float = 0.002):
         return result, group
 
     return asyncio.run(main())
+
+
+class RawClient:
+    """A PUSH to the driver's tasks and a bound PULL inbox, for frames the Client never sends."""
+
+    def __init__(self, config: WorkerConfig, name: str) -> None:
+        self.context = zmq.asyncio.Context()
+        self.reply_to = f"ipc://{config.runtime.runtime_dir}/{name}-inbox"
+        self.inbox = self.context.socket(zmq.PULL)
+        self.inbox.bind(self.reply_to)
+        self.tasks = self.context.socket(zmq.PUSH)
+        self.tasks.connect(group_endpoints(config.runtime, 0, 1).tasks)
+
+    async def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        message = SubmitRequest(
+            request_id=request_id, prompt_token_ids=prompt, params=params, reply_to=self.reply_to
+        )
+        await self.tasks.send_multipart(encode(message))
+
+    async def receive(self, timeout_s: float = 5.0):
+        return RESULT_DECODER.decode(await asyncio.wait_for(self.inbox.recv_multipart(), timeout_s))
+
+    def close(self) -> None:
+        self.inbox.close(linger=0)
+        self.tasks.close(linger=0)
+        self.context.term()

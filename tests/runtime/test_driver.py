@@ -9,7 +9,8 @@ from aioworker.config import WorkerConfig
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from aioworker.wire.health import RankState
-from tests.runtime.inprocess import BLOCK_SIZE, InProcessGroup, expected_tokens, run
+from aioworker.wire.protocol import Outputs, Rejected
+from tests.runtime.inprocess import BLOCK_SIZE, InProcessGroup, RawClient, expected_tokens, run
 
 
 def test_requests_are_admitted_stepped_and_leave_no_blocks(inproc_config: WorkerConfig) -> None:
@@ -71,3 +72,32 @@ def test_drain_finishes_what_runs_refuses_the_rest_and_stops(inproc_config: Work
     assert group.task.result() == 0
     assert group.rank.lifecycle.state is RankState.STOPPED
     assert group.used_blocks == 0
+
+
+def test_a_duplicate_id_from_the_same_client_is_rejected_without_ending_the_first(
+    inproc_config: WorkerConfig,
+) -> None:
+    async def scenario(group: InProcessGroup, client: Client):
+        raw, other = RawClient(group.config, "raw"), RawClient(group.config, "other")
+        try:
+            await raw.submit("dup", [1, 2, 3], SamplingParams(max_tokens=20))
+            first = await raw.receive()
+            await raw.submit("dup", [4, 5], SamplingParams(max_tokens=2))
+            await other.submit("dup", [4, 5], SamplingParams(max_tokens=2))
+            refused_elsewhere = await other.receive()
+            messages = [first]
+            while not any(o.finished for m in messages[-1:] for o in getattr(m, "outputs", [])):
+                messages.append(await raw.receive())
+            return messages, refused_elsewhere
+        finally:
+            raw.close()
+            other.close()
+
+    (messages, refused_elsewhere), _ = run(scenario, inproc_config, step_seconds=0.005)
+    rejected = [m for m in messages if isinstance(m, Rejected)]
+    outputs = [o for m in messages if isinstance(m, Outputs) for o in m.outputs]
+    assert [r.request_id for r in rejected] == ["dup"] and "already in flight" in rejected[0].reason
+    assert [o.finish_reason for o in outputs if o.finished] == ["length"]
+    assert [t for o in outputs for t in o.token_ids] == expected_tokens(3, 20)
+    [error] = refused_elsewhere.outputs
+    assert error.finish_reason == "error" and "already in use" in error.error
