@@ -32,6 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="with --fake-executor: steps from this id on raise an error",
     )
+    parser.add_argument(
+        "--fail-weights-phase",
+        choices=["stage", "commit", "rollback", "release", "resume"],
+        help="with --fake-executor: this weights phase raises an error",
+    )
+    parser.add_argument(
+        "--fake-phase-ms",
+        type=float,
+        default=0.0,
+        help="with --fake-executor: each weights phase takes this long",
+    )
     add_config_arguments(parser)
 
 
@@ -62,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
         if args.fake_executor:
             from aioworker.core.fake_executor import build_fake
 
-            return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
+            return build_fake(
+                config,
+                fail_at_step=args.fail_at_step,
+                step_seconds=args.fake_step_ms / 1000,
+                fail_phase=args.fail_weights_phase,
+                phase_seconds=args.fake_phase_ms / 1000,
+            )
         from aioworker.compute.build_rank import build_rank
         from aioworker.compute.parallel import (
             TensorParallel,  # torch enters here, on the load thread

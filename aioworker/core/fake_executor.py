@@ -25,33 +25,63 @@ def fake_token(position: int) -> int:
 
 
 class FakeExecutor:
-    """`step_seconds` > 0 makes each step take that long on a thread of its own, like a model."""
+    """Steps and weights phases run in submission order. `step_seconds` > 0 makes each step take
+    that long on a thread of its own, like a model; `phase_seconds` does the same for weights
+    phases. Faults on request: steps from `fail_at_step` on raise, and so does the weights phase
+    named `fail_phase`. Like a real rank, a step after `release` (weights) fails until `resume`."""
 
-    def __init__(self, fail_at_step: int | None = None, step_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        fail_at_step: int | None = None,
+        step_seconds: float = 0.0,
+        fail_phase: str | None = None,
+        phase_seconds: float = 0.0,
+    ) -> None:
         self.fail_at_step = fail_at_step
         self.step_seconds = step_seconds
+        self.fail_phase = fail_phase
+        self.phase_seconds = phase_seconds
+        self.weights_released = False
+        self.phases_run: list[str] = []
         self._pending: queue.SimpleQueue | None = None
-        if step_seconds > 0:
+        if step_seconds > 0 or phase_seconds > 0:
             self._pending = queue.SimpleQueue()
-            threading.Thread(target=self._run_slowly, daemon=True).start()
+            threading.Thread(target=self._run_in_order, daemon=True).start()
 
     def submit(self, plan: StepPlan) -> Future[StepResult]:
-        future: Future[StepResult] = Future()
-        if self._pending is not None:
-            self._pending.put((plan, future))
-        else:
-            self._settle(plan, future)
+        return self._enqueue(lambda future: self._settle(plan, future), self.step_seconds)
+
+    def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
+        return self._enqueue(lambda future: self._run_phase(phase, future), self.phase_seconds)
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        future: Future = Future()
+        future.set_result(fn())
         return future
 
-    def _run_slowly(self) -> None:
+    def shutdown(self, timeout: float | None = None) -> bool:
+        return True
+
+    def _enqueue(self, settle: Callable[[Future], None], seconds: float) -> Future:
+        future: Future = Future()
+        if self._pending is None:
+            settle(future)
+        else:
+            self._pending.put((settle, future, seconds))
+        return future
+
+    def _run_in_order(self) -> None:
         while True:
-            plan, future = self._pending.get()
-            time.sleep(self.step_seconds)
-            self._settle(plan, future)
+            settle, future, seconds = self._pending.get()
+            time.sleep(seconds)
+            settle(future)
 
     def _settle(self, plan: StepPlan, future: Future) -> None:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
             future.set_exception(RuntimeError(f"injected failure at step {plan.step_id}"))
+            return
+        if self.weights_released and not plan.is_empty:
+            future.set_exception(RuntimeError("a step ran on released weights"))
             return
         sampled = [
             fake_token(start + num)
@@ -62,16 +92,16 @@ class FakeExecutor:
         ]
         future.set_result(StepResult(plan.step_id, sampled))
 
-    def call(self, fn: Callable[[], Any]) -> Future:
-        future: Future = Future()
-        future.set_result(fn())
-        return future
-
-    def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
-        return self.call(lambda: 0)
-
-    def shutdown(self, timeout: float | None = None) -> bool:
-        return True
+    def _run_phase(self, phase: WeightsPhase, future: Future) -> None:
+        self.phases_run.append(phase.op)
+        if phase.op == self.fail_phase:
+            future.set_exception(RuntimeError(f"injected failure in weights phase {phase.op}"))
+            return
+        if phase.op == "release" and phase.weights:
+            self.weights_released = True
+        elif phase.op == "resume":
+            self.weights_released = False
+        future.set_result(0)
 
 
 def fake_loaded_rank(config: WorkerConfig) -> LoadedRank:
@@ -88,7 +118,6 @@ def fake_loaded_rank(config: WorkerConfig) -> LoadedRank:
     )
 
 
-def build_fake(
-    config: WorkerConfig, fail_at_step: int | None = None, step_seconds: float = 0.0
-) -> tuple[FakeExecutor, LoadedRank]:
-    return FakeExecutor(fail_at_step, step_seconds), fake_loaded_rank(config)
+def build_fake(config: WorkerConfig, **faults: Any) -> tuple[FakeExecutor, LoadedRank]:
+    """A fake executor (see FakeExecutor for `faults`) and the rank it pretends to be."""
+    return FakeExecutor(**faults), fake_loaded_rank(config)

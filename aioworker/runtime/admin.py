@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import zmq
 import zmq.asyncio
 
 from aioworker.runtime.drops import DropCounter
@@ -40,6 +41,8 @@ class AdminHandler:
         self.drain_timeout_s = drain_timeout_s
         self.control: GroupControl | None = None
         self.weights: WeightsCoordinator | None = None
+        # Long commands still running, by their reply route: answered at shutdown if need be.
+        self._pending: dict[int, tuple[list[bytes], AdminRequest]] = {}
 
     def serve_group(self, control: GroupControl, weights: WeightsCoordinator) -> None:
         """The group is loaded: every command is answered from now on."""
@@ -48,14 +51,15 @@ class AdminHandler:
     async def loop(self) -> None:
         while True:
             await asyncio.sleep(0)
-            frames = await self.sock.recv_multipart()
-            identity, body = frames[0], frames[1:]
+            # Not copied: pushed tensors (GBs) arrive as frames after the request.
+            frames = await self.sock.recv_multipart(copy=False)
+            identity, body = frames[0].bytes, frames[1:]
             # A REQ client puts an empty delimiter before the body; echo it back.
-            delimiter = [b""] if body[:1] == [b""] else []
-            frames = body[len(delimiter) :]
+            delimiter = [b""] if body and not len(body[0]) else []
+            body = body[len(delimiter) :]
             route = [identity, *delimiter]
             try:
-                request = ADMIN_DECODER.decode(frames[:2])
+                request = ADMIN_DECODER.decode([frame.bytes for frame in body[:2]])
             except ProtocolError as exc:
                 self.rejected.count(f"admin channel: {exc}")
                 await self.sock.send_multipart(
@@ -63,7 +67,8 @@ class AdminHandler:
                 )
                 continue
             if request.command in LONG_COMMANDS:
-                self.spawn(self._answer_long(route, request, frames[2:]))
+                raw_frames = [frame.buffer for frame in body[2:]]
+                self.spawn(self._answer_long(route, request, raw_frames))
                 continue
             await self.sock.send_multipart([*route, *encode(self.answer(request))])
 
@@ -96,13 +101,27 @@ class AdminHandler:
             return await self.weights.release(request)
         return await self.weights.resume()
 
-    async def _answer_long(self, route: list[bytes], request, raw_frames: list[bytes]) -> None:
+    async def _answer_long(self, route: list[bytes], request, raw_frames: list) -> None:
+        key = id(route)
+        self._pending[key] = (route, request)
         try:
             reply = await self.handle_long(request, raw_frames)
         except Exception as exc:
             log.exception("admin %s failed", request.command)
             reply = _failed(request, exc)
-        await self.sock.send_multipart([*route, *encode(reply)])
+        if self._pending.pop(key, None) is not None:
+            await self.sock.send_multipart([*route, *encode(reply)])
+
+    async def close(self, reason: str) -> None:
+        """The rank is stopping: every long command still running gets its answer now, so no
+        caller waits out its timeout."""
+        pending, self._pending = list(self._pending.values()), {}
+        for route, request in pending:
+            reply = AdminReply(ok=False, message=f"{request.command} not finished: {reason}")
+            try:
+                await self.sock.send_multipart([*route, *encode(reply)], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("could not answer admin %s at shutdown: %s", request.command, exc)
 
     def _not_ready(self) -> AdminReply:
         state = self.status()["state"]
@@ -136,9 +155,10 @@ class AdminHandler:
                 f"{MAX_DRAIN_DEADLINE_S:g}",
             )
         in_flight = len(self.control.requests)
-        self.control.start_drain(deadline)
+        outcome = self.control.start_drain(deadline)
         return AdminReply(
-            ok=True, message=f"draining {in_flight} request(s); deadline {deadline:g}s"
+            ok=True,
+            message=f"drain of {in_flight} request(s), deadline {deadline:g}s: {outcome}",
         )
 
     def abort(self, request_id: str) -> AdminReply:

@@ -50,6 +50,7 @@ class Driver:
         self.results: ResultSender | None = None
         self.recorder: Recorder | None = None
         self.peers: PeerGroup | None = None
+        self.admin: AdminHandler | None = None
         self.authenticator = None
         # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
         self.loop_time = RecentMean()
@@ -109,6 +110,8 @@ class Driver:
             else:
                 self.control.abort_all("worker shutting down")
         failed = lifecycle.state is RankState.FAILED
+        if self.admin is not None:
+            await self.admin.close(f"worker {'failed' if failed else 'shutting down'}")
         if self.peers is not None:
             await self.peers.send_shutdown(lifecycle.detail or "driver stopped", failed)
         if self.results is not None:

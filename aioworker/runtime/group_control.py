@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aioworker.core.engine_core import EngineCore
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.open_requests import OpenRequests
+from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
 
 
@@ -23,6 +24,9 @@ class GroupControl:
         # Set after every step, and when steps stop: what `wait_until` re-checks on.
         self.progress = asyncio.Event()
         self.drain_timer: asyncio.TimerHandle | None = None
+        # While a weights operation holds the group, a drain waits for it (its deadline here).
+        self._drains_held = False
+        self._deferred_drain_s: float | None = None
 
     # -- state and steps ----------------------------------------------------------------------
 
@@ -64,11 +68,25 @@ class GroupControl:
         self.finish_drain_if_done()
         return count
 
-    def start_drain(self, deadline_s: float) -> None:
+    @property
+    def drain_pending(self) -> bool:
+        """A drain was asked for and waits for a weights operation to end."""
+        return self._deferred_drain_s is not None
+
+    def start_drain(self, deadline_s: float) -> str:
         """Refuse new requests, let those in flight finish, abort what runs after `deadline_s`,
-        then stop."""
+        then stop. During a weights operation the drain waits for it to end; with memory
+        released, requests cannot finish: they are aborted, and the rank stops. Says which."""
         if self.state in (RankState.DRAINING, RankState.STOPPED, RankState.FAILED):
-            return
+            return f"already {self.state.lower()}"
+        if self._drains_held:
+            if self._deferred_drain_s is None:
+                self._deferred_drain_s = deadline_s
+            return "deferred until the weights operation in progress ends"
+        if self.state is RankState.WEIGHTS_CLEARED:
+            self.abort_all("worker stopping while its memory is released: requests cannot finish")
+            self.lifecycle.stop()
+            return "memory is released: requests aborted, stopping"
         self.move(RankState.DRAINING)
         loop = asyncio.get_running_loop()
         self.drain_timer = loop.call_later(
@@ -76,6 +94,17 @@ class GroupControl:
         )
         self.wake()
         self.finish_drain_if_done()
+        return "draining"
+
+    def hold_drains(self) -> None:
+        self._drains_held = True
+
+    def release_drains(self) -> None:
+        """The weights operation ended: a drain asked for meanwhile starts now."""
+        self._drains_held = False
+        deadline_s, self._deferred_drain_s = self._deferred_drain_s, None
+        if deadline_s is not None:
+            self.start_drain(deadline_s)
 
     def finish_drain_if_done(self) -> None:
         if self.state is RankState.DRAINING and not self.requests:
@@ -83,6 +112,9 @@ class GroupControl:
 
     def stop(self) -> None:
         self.lifecycle.stop()
+
+    def fail(self, code: ExitCode, reason: str) -> None:
+        self.lifecycle.fail(code, reason)
 
     def close(self) -> None:
         if self.drain_timer is not None:

@@ -104,6 +104,8 @@ class RequestIntake:
         state = self.control.state
         if not self.control.lifecycle.machine.rules.accepts_requests:
             return f"worker is {state.lower()}: not accepting requests; retry on another group"
+        if self.control.drain_pending:
+            return "worker is draining: not accepting requests; retry on another group"
         if state is RankState.WEIGHTS_CLEARED and self.while_released == "reject":
             return "worker has released its memory (admin release-memory); retry later or on another group"
         if not message.request_id or len(message.request_id) > MAX_REQUEST_ID_LENGTH:

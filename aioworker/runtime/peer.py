@@ -147,13 +147,17 @@ class Peer:
         rank_id = self.rank.index
         try:
             freed = await asyncio.wrap_future(self.executor.run_weights_phase(phase))
-            ack = WeightsAck(rank=rank_id, op=phase.op, ok=True, freed_bytes=freed)
+            ack = WeightsAck(
+                rank=rank_id, op=phase.op, version=phase.version, ok=True, freed_bytes=freed
+            )
             if phase.op == "commit":
                 self.weights_version = phase.version
         except Exception as exc:
             log.error("weights %s failed on rank %d: %s", phase.op, rank_id, exc)
             error = f"{type(exc).__name__}: {exc}"
-            ack = WeightsAck(rank=rank_id, op=phase.op, ok=False, error=error)
+            ack = WeightsAck(
+                rank=rank_id, op=phase.op, version=phase.version, ok=False, error=error
+            )
         await self.acks.send_multipart(encode(ack))
 
     async def report_failure(self, step_id: int, reason: str) -> None:

@@ -11,7 +11,7 @@ import zmq
 
 from aioworker.core.executor import Executor
 from aioworker.core.plan import StepPlan
-from aioworker.core.weights_phase import WeightsOp, WeightsPhase
+from aioworker.core.weights_phase import WeightsPhase
 from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import LivenessWatch, watch_socket
@@ -43,6 +43,7 @@ class PeerGroup:
         self.size = rank.config.parallel.tensor_parallel_size
         self.rejected = rejected
         self.weights_acks: asyncio.Queue[WeightsAck] = asyncio.Queue()
+        self.phase_timeout_s = PHASE_TIMEOUT_S
         self.control = self.acks = None
         if self.size > 1:
             self._bind(rank)
@@ -100,7 +101,7 @@ class PeerGroup:
         the bytes freed in total."""
         if self.control is not None:
             await self.control.send_multipart(encode(WeightsStatus(phase=phase)))
-        from_peers = asyncio.ensure_future(self._collect(phase.op, self.size - 1))
+        from_peers = asyncio.ensure_future(self._collect(phase))
         errors, freed = [], 0
         try:
             freed += await asyncio.wrap_future(executor.run_weights_phase(phase))
@@ -126,13 +127,19 @@ class PeerGroup:
 
     # -- internals ----------------------------------------------------------------------------
 
-    async def _collect(self, op: WeightsOp, count: int) -> list[WeightsAck]:
-        acks = []
-        while len(acks) < count:
-            ack = await asyncio.wait_for(self.weights_acks.get(), PHASE_TIMEOUT_S)
-            if ack.op == op:
-                acks.append(ack)
-        return acks
+    async def _collect(self, phase: WeightsPhase) -> list[WeightsAck]:
+        """One ack from each peer for this phase: matched by (rank, operation, version), so a
+        late ack of an earlier phase, or a second one from the same rank, counts for nothing."""
+        acks: dict[int, WeightsAck] = {}
+        peers = set(range(1, self.size))
+        async with asyncio.timeout(self.phase_timeout_s):
+            while len(acks) < len(peers):
+                ack = await self.weights_acks.get()
+                if ack.rank in peers and (ack.op, ack.version) == (phase.op, phase.version):
+                    acks.setdefault(ack.rank, ack)
+                else:
+                    log.warning("ignored a weights ack that matches no phase in progress: %s", ack)
+        return list(acks.values())
 
     async def _recv_ack(self):
         while True:

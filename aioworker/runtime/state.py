@@ -93,3 +93,4 @@ class ExitCode(enum.IntEnum):
     PEER_LOST = 3  # a tensor-parallel peer died, froze or reported failure
     PLAN_GAP = 4  # a peer missed a step plan: the group has diverged
     HUNG = 5  # a step stopped making progress
+    WEIGHTS_DIVERGED = 6  # a commit failed on some rank: the ranks may hold different weights

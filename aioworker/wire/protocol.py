@@ -120,6 +120,7 @@ class PeerFailed(_Message, tag="failed"):
 class WeightsAck(_Message, tag="weights_ack"):
     rank: int
     op: WeightsOp
+    version: int
     ok: bool
     error: str = ""
     freed_bytes: int = 0

@@ -13,6 +13,7 @@ from aioworker.config import WorkerConfig, load_config
 from aioworker.core.fake_executor import build_fake, fake_token
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.driver import Driver
+from aioworker.runtime.peer import Peer
 from aioworker.runtime.rank import Rank
 from aioworker.wire.admin_client import send
 from aioworker.wire.client import Client
@@ -39,12 +40,30 @@ def inprocess_config(runtime_dir: Path, **overrides) -> WorkerConfig:
 class InProcessGroup:
     """A driver rank run as a task of this test's event loop."""
 
-    def __init__(self, config: WorkerConfig, step_seconds: float) -> None:
+    def __init__(self, config: WorkerConfig, peer_faults: dict | None = None, **faults) -> None:
+        """With tensor_parallel_size > 1 the peers run in this loop too, each with a fake
+        executor given `peer_faults`."""
         self.config = config
         self.rank = Rank(config, 0, 0)
         self.driver = Driver(self.rank)
-        build = lambda report_phase: build_fake(config, step_seconds=step_seconds)  # noqa: E731
-        self.task = asyncio.ensure_future(self.rank.run(self.driver, build))
+        self.executor, self.task = self._start(self.rank, self.driver, faults)
+        self.peer_ranks = [
+            Rank(config, 0, i) for i in range(1, config.parallel.tensor_parallel_size)
+        ]
+        self.peer_tasks = [
+            self._start(rank, Peer(rank), peer_faults or {})[1] for rank in self.peer_ranks
+        ]
+
+    def _start(self, rank: Rank, role, faults: dict):
+        executor, loaded = build_fake(self.config, **faults)
+        task = asyncio.ensure_future(rank.run(role, lambda report_phase: (executor, loaded)))
+        return executor, task
+
+    async def stop(self) -> None:
+        """Stop every rank that still runs and wait for all of them."""
+        for rank in [self.rank, *self.peer_ranks]:
+            rank.lifecycle.stop()  # a no-op when it stopped already
+        await asyncio.wait_for(asyncio.gather(self.task, *self.peer_tasks), 10)
 
     async def ready(self) -> None:
         while self.rank.lifecycle.state is not RankState.READY:
@@ -67,16 +86,24 @@ def expected_tokens(prompt_len: int, num: int) -> list[int]:
     return [fake_token(prompt_len + i) for i in range(num)]
 
 
-def run(scenario, config: WorkerConfig, step_seconds: float = 0.002):
+def run(
+    scenario,
+    config: WorkerConfig,
+    step_seconds: float = 0.002,
+    peer_faults: dict | None = None,
+    **faults,
+):
+    """Run `scenario(group, client)` against a fresh in-process group; its result and the group.
+    The fake executor takes `step_seconds` per step and any other FakeExecutor fault."""
+
     async def main():
-        group = InProcessGroup(config, step_seconds)
+        group = InProcessGroup(config, peer_faults, step_seconds=step_seconds, **faults)
         await asyncio.wait_for(group.ready(), 10)
         try:
             async with Client.from_config(config) as client:
                 result = await asyncio.wait_for(scenario(group, client), 30)
         finally:
-            group.rank.lifecycle.stop()  # a no-op when the scenario stopped it already
-            await asyncio.wait_for(group.task, 10)
+            await group.stop()
         return result, group
 
     return asyncio.run(main())
