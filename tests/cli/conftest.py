@@ -14,9 +14,9 @@ from aioworker.wire.client import Client
 from aioworker.wire.protocol import AdminRequest
 from tests.cli_workers import Worker, Workers, wait_for_state
 
-# Steps this slow keep one long request in flight for the whole module.
+# Steps this slow keep one long request in flight for minutes: longer than any test module.
 SLOW_STEP_MS = 50
-LONG_REQUEST = SamplingParams(max_tokens=2000, ignore_eos=True)
+LONG_REQUEST = SamplingParams(max_tokens=4000, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
