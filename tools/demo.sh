@@ -13,12 +13,7 @@ serve_pid=$!
 trap 'kill "$serve_pid" 2>/dev/null || true' EXIT
 
 echo "waiting for the worker (the first run also converts the embedded model)..." >&2
-for _ in $(seq 1 300); do
-  if aioworker admin status "${deployment[@]}" --timeout 1 --json 2>/dev/null | grep -q '"state": "READY"'; then
-    break
-  fi
-  sleep 1
-done
+aioworker admin wait-ready "${deployment[@]}" --timeout 600 >/dev/null
 
 aioworker generate --connect "${deployment[@]}" --chat --max-tokens 128 \
   --prompt "${1:-What is the capital of France?}"

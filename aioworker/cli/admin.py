@@ -1,5 +1,6 @@
 """`aioworker admin COMMAND [ARG]`: send one admin command to the driver of each worker group and
-print the replies. A control-plane tool: torch-free and quick to start."""
+print the replies, or wait until every group is READY (`wait-ready`, built on `status`). A
+control-plane tool: torch-free and quick to start."""
 
 from __future__ import annotations
 
@@ -7,25 +8,47 @@ import argparse
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
 from aioworker.wire.admin_client import GroupReply, default_timeout, send
-from aioworker.wire.admin_commands import ADMIN_COMMANDS, LOG_LEVELS
+from aioworker.wire.admin_commands import ADMIN_COMMANDS, LOG_LEVELS, AdminCommandInfo
+from aioworker.wire.health import is_ready_state
 from aioworker.wire.protocol import AdminRequest
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
+WAIT_READY = "wait-ready"
+# Long enough for a large model to load and its CUDA graphs to be captured.
+WAIT_READY_TIMEOUT_S = 300.0
+WAIT_READY_POLL_S = 0.5
+# How long one `status` may take to answer before the group counts as unreachable this round.
+STATUS_REPLY_S = 2.0
+UNREACHABLE = "unreachable"
+# wait-ready is a verb of this tool, not of the driver: it polls `status`.
+CLIENT_COMMANDS = {
+    WAIT_READY: AdminCommandInfo(
+        "none",
+        "wait-ready",
+        "poll status of every group until each one is READY (admits requests); exit 0 then, or "
+        f"3 after --timeout (default {WAIT_READY_TIMEOUT_S:g}s) naming each group that is not "
+        "and its last state. For start-up scripts: `aioworker serve & aioworker admin wait-ready`",
+    )
+}
+COMMANDS = {**ADMIN_COMMANDS, **CLIENT_COMMANDS}
+
 EPILOG = "commands:\n" + "\n".join(
     textwrap.fill(info.help, 92, initial_indent=f"  {info.usage:22}", subsequent_indent=" " * 24)
-    for info in ADMIN_COMMANDS.values()
+    for info in COMMANDS.values()
 )
 EPILOG += """
 
-exit status: 0 every group replied ok; 1 a group refused the command; 2 bad arguments;
-3 a group did not reply within --timeout (not running, or a different runtime.name)"""
+exit status: 0 every group replied ok (wait-ready: is READY); 1 a group refused the command;
+2 bad arguments; 3 a group did not reply within --timeout (not running, or a different
+runtime.name), or wait-ready's --timeout passed before every group was READY"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument(
         "admin_command",
-        choices=list(ADMIN_COMMANDS),
+        choices=list(COMMANDS),
         metavar="COMMAND",
         help="one of the commands below",
     )
@@ -48,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds to wait for each group's reply (default: 5; 600 for weights and memory)",
+        help="seconds to wait for each group's reply (default: 5; 600 for weights and memory); "
+        f"wait-ready: for every group to be READY (default: {WAIT_READY_TIMEOUT_S:g})",
     )
     weights = parser.add_argument_group("update-weights and release-memory")
     weights.add_argument(
@@ -79,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         groups = selected_groups(config, args.group)
+        if args.admin_command == WAIT_READY:
+            timeout = WAIT_READY_TIMEOUT_S if args.timeout is None else args.timeout
+            return wait_ready(config, groups, timeout, args.json)
         request = build_request(args)
         timeout = args.timeout if args.timeout is not None else default_timeout(args.admin_command)
         replies = [send(config, group, request, timeout) for group in groups]
@@ -105,7 +132,7 @@ def build_request(args: argparse.Namespace) -> AdminRequest:
 
 def argument_error(command: str, argument: str) -> str | None:
     """Why `command argument` is malformed, checked before anything is sent."""
-    info = ADMIN_COMMANDS[command]
+    info = COMMANDS[command]
     if info.argument == "none" and argument:
         return f"{command} takes no argument (got {argument!r}); usage: {info.usage}"
     if info.argument == "required" and not argument:
@@ -176,3 +203,49 @@ def exit_code(replies: list[GroupReply]) -> int:
     if not all(result.reply.ok for result in replies):
         return EXIT_REFUSED
     return EXIT_OK
+
+
+# -- wait-ready -----------------------------------------------------------------------------------
+
+
+def wait_ready(config: WorkerConfig, groups: list[int], timeout_s: float, as_json: bool) -> int:
+    """Poll `status` of the groups until all are READY (exit 0) or timeout_s passes (exit 3)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        # Every group each round: all of them must be READY at once, not each at some point.
+        replies = [poll_status(config, group, deadline) for group in groups]
+        is_ready = all(is_ready_state(group_state(result)) for result in replies)
+        if is_ready or time.monotonic() >= deadline:
+            break
+        time.sleep(max(0.0, min(WAIT_READY_POLL_S, deadline - time.monotonic())))
+    for result in replies:
+        show_readiness(result, timeout_s, as_json)
+    return EXIT_OK if is_ready else EXIT_UNREACHABLE
+
+
+def poll_status(config: WorkerConfig, group: int, deadline: float) -> GroupReply:
+    # A short wait even past the deadline: the last round still gets its answers.
+    timeout_s = min(STATUS_REPLY_S, max(0.1, deadline - time.monotonic()))
+    return send(config, group, AdminRequest(command="status"), timeout_s)
+
+
+def group_state(result: GroupReply) -> str:
+    if not result.is_reachable:
+        return UNREACHABLE
+    return str(result.reply.data.get("state") or result.reply.message)
+
+
+def show_readiness(result: GroupReply, timeout_s: float, as_json: bool) -> None:
+    state = group_state(result)
+    ready = is_ready_state(state)
+    if as_json:
+        record = {"group": result.group, "ok": ready, "message": state}
+        print(json.dumps({**record, "data": result.reply.data}))
+    elif ready:
+        print(f"group {result.group}: {state}")
+    if not ready:
+        why = f"{state}: {result.reply.message}" if state == UNREACHABLE else state
+        print(
+            f"aioworker: error: group {result.group} is not READY after {timeout_s:g}s: {why}",
+            file=sys.stderr,
+        )

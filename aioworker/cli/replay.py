@@ -1,15 +1,17 @@
 """`aioworker replay FILE`: run the requests of a recording (runtime.record_path) again through
-the offline engine and check that every request whose output is reproducible (greedy or
-seeded, not aborted) gives the same tokens and finish reason."""
+the offline engine and check that every request whose output is reproducible (greedy or seeded
+and finished, or refused) ends the same: the same tokens and finish reason, or the same refusal."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
-from aioworker.core.outputs import Completion
+from aioworker.core.outputs import Completion, FinishReason
+from aioworker.core.sampling_params import InvalidRequestError
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     TASK_DECODER,
@@ -17,6 +19,12 @@ from aioworker.wire.protocol import (
     ProtocolError,
     SubmitRequest,
 )
+
+if TYPE_CHECKING:
+    from aioworker.engine import LLMEngine
+
+# Tokens of each side shown for a request whose tokens differ.
+SHOWN_TOKENS = 12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,12 +38,20 @@ class Recorded:
     submit: SubmitRequest
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def was_refused(self) -> bool:
+        return self.finish_reason == FinishReason.ERROR
 
     @property
     def reproducible(self) -> bool:
+        # Whether a request is refused does not depend on sampling: replay every refusal.
+        if self.was_refused:
+            return True
         params = self.submit.params
         deterministic = params.temperature == 0.0 or params.seed is not None
-        return deterministic and self.finish_reason not in (None, "abort")
+        return deterministic and self.finish_reason not in (None, FinishReason.ABORT)
 
 
 def load_recording(path: str) -> dict[str, Recorded]:
@@ -58,6 +74,7 @@ def load_recording(path: str) -> dict[str, Recorded]:
                 if recorded is not None and recorded.finish_reason is None:
                     recorded.token_ids += delta.token_ids
                     recorded.finish_reason = delta.finish_reason
+                    recorded.error = delta.error
     return requests
 
 
@@ -71,28 +88,56 @@ def run(args: argparse.Namespace) -> int:
     from aioworker.engine import LLMEngine  # torch enters here
 
     with LLMEngine.from_config(config) as engine:
-        for request_id, recorded in replayable.items():
-            engine.add_request(recorded.submit.prompt_token_ids, recorded.submit.params, request_id)
-        replayed = _drain(engine)
-    mismatches = [
-        rid
-        for rid, recorded in replayable.items()
-        if (replayed[rid].token_ids, str(replayed[rid].finish_reason))
-        != (recorded.token_ids, recorded.finish_reason)
-    ]
+        replayed = replay(engine, replayable)
+    mismatches = {rid: mismatch(r, replayed[rid]) for rid, r in replayable.items()}
+    mismatches = {rid: why for rid, why in mismatches.items() if why is not None}
     print(
-        f"{len(requests)} request(s) recorded, {len(replayable)} reproducible (greedy or seeded, "
-        f"finished), {len(replayable) - len(mismatches)} identical, {len(mismatches)} different"
+        f"{len(requests)} request(s) recorded, {len(replayable)} reproducible (greedy or seeded "
+        f"and finished, or refused), {len(replayable) - len(mismatches)} identical, "
+        f"{len(mismatches)} different"
     )
-    for rid in mismatches[: args.show]:
-        print(
-            f"  {rid}: recorded {replayable[rid].token_ids[:12]}... replayed {replayed[rid].token_ids[:12]}..."
-        )
+    for rid, why in list(mismatches.items())[: args.show]:
+        print(f"  {rid}: {why}")
     return 1 if mismatches else 0
 
 
-def _drain(engine) -> dict[str, Completion]:
+def replay(engine: LLMEngine, requests: dict[str, Recorded]) -> dict[str, Completion]:
+    """Every request's outcome on the engine; one it refuses ends with ERROR and the reason."""
     completions: dict[str, Completion] = {}
+    for request_id, recorded in requests.items():
+        try:
+            engine.add_request(recorded.submit.prompt_token_ids, recorded.submit.params, request_id)
+        except InvalidRequestError as exc:
+            completions[request_id] = Completion(
+                request_id, finish_reason=FinishReason.ERROR, error=str(exc)
+            )
     for out in engine.stream():
         completions.setdefault(out.request_id, Completion(out.request_id)).add(out)
     return completions
+
+
+def mismatch(recorded: Recorded, replayed: Completion) -> str | None:
+    """How the replayed request differs from the recording, in words; None if it does not."""
+    replay_refused = replayed.finish_reason == FinishReason.ERROR
+    if recorded.was_refused and replay_refused:
+        # A refusal recorded without a reason matches any refusal.
+        if recorded.error and replayed.error != recorded.error:
+            return f"refused with {replayed.error!r}; recorded refused with {recorded.error!r}"
+        return None
+    if recorded.was_refused:
+        return (
+            f"accepted ({len(replayed.token_ids)} tokens, {replayed.finish_reason}); "
+            f"recorded refused with {recorded.error!r}"
+        )
+    if replay_refused:
+        return (
+            f"refused with {replayed.error!r}; recorded {len(recorded.token_ids)} tokens, "
+            f"{recorded.finish_reason}"
+        )
+    same_tokens = replayed.token_ids == recorded.token_ids
+    if same_tokens and str(replayed.finish_reason) == recorded.finish_reason:
+        return None
+    return (
+        f"recorded {recorded.token_ids[:SHOWN_TOKENS]}... "
+        f"replayed {replayed.token_ids[:SHOWN_TOKENS]}..."
+    )

@@ -1,5 +1,6 @@
 """`aioworker top`: a live table of every rank from their heartbeats, a JSON stream of the beats,
-or a health probe (`--check`). A control-plane tool: torch-free and quick to start."""
+a liveness probe (`--check`) or a readiness probe (`--check --ready`). A control-plane tool:
+torch-free and quick to start."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NoReturn
 
 import msgspec
@@ -41,8 +43,13 @@ columns:
   KV_BLOCKS  KV cache blocks used/total (driver only)
   AGE_S      seconds since this rank's last beat arrived here
 
---check exits 0 when every rank of the deployment beats and none is FAILED, STOPPED, STALE
-or MISSING; otherwise it names the unhealthy ranks on stderr and exits 1."""
+--check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,
+STOPPED, STALE or MISSING; otherwise it names the unhealthy ranks on stderr and exits 1.
+A rank that is starting (LOADING, ...), PAUSED or DRAINING passes: it is alive, so a
+supervisor should not restart it, though it may not take requests.
+
+--check --ready (readiness) exits 0 only when every rank is READY; otherwise it names each
+rank that is not, with its state, on stderr and exits 1. Route traffic on this one."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--check",
         action="store_true",
-        help="health probe: exit 0 if every rank is healthy, else name the bad ones and exit 1",
+        help="liveness probe: exit 0 if every rank is alive, else name the bad ones and exit 1",
+    )
+    parser.add_argument(
+        "--ready",
+        action="store_true",
+        help="with --check: readiness probe: exit 0 only if every rank is READY",
     )
     parser.add_argument(
         "--interval", type=float, default=1.0, metavar="S", help="redraw period (default: 1.0)"
@@ -69,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--wait",
         type=float,
         metavar="S",
-        help="--check: how long to wait for beats (default: 3 heartbeat intervals, at least 1s)",
+        help="--check: how long to wait for beats, or for READY with --ready "
+        "(default: 3 heartbeat intervals, at least 1s)",
     )
     add_config_arguments(parser)
 
@@ -82,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     if args.interval <= 0 or (args.wait is not None and args.wait <= 0):
         return fail("--interval and --wait take a positive number of seconds")
+    if args.ready and not args.check:
+        return fail("--ready goes with --check: run `aioworker top --check --ready`")
     parallel = config.parallel
     table = BeatTable(expected_ranks(parallel.tensor_parallel_size, parallel.data_parallel_size))
     with BeatReceiver(list(endpoints.values())) as receiver:
@@ -105,7 +120,8 @@ def run_mode(
     interval = config.runtime.heartbeat_interval_s
     if args.check:
         wait_s = args.wait or max(CHECK_MIN_WAIT_S, STALE_AFTER_INTERVALS * interval)
-        return check(receiver, table, endpoints, wait_s)
+        probe = READINESS if args.ready else LIVENESS
+        return check(receiver, table, endpoints, wait_s, probe)
     if args.json:
         return stream_json(receiver)
     if args.once:
@@ -167,19 +183,40 @@ def collect(
             return
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What --check asks of every rank, and how its answer reads."""
+
+    failing: Callable[[BeatTable, float], dict[RankKey, str]]
+    # "rank 0.1 is <failed_word>: <reason>"
+    failed_word: str
+    passed_line: str
+
+
+LIVENESS = Probe(BeatTable.unhealthy, "unhealthy", "healthy: all {} rank(s) beating")
+READINESS = Probe(BeatTable.not_ready, "not ready", "ready: all {} rank(s) READY")
+
+
 def check(
-    receiver: BeatReceiver, table: BeatTable, endpoints: dict[RankKey, str], wait_s: float
+    receiver: BeatReceiver,
+    table: BeatTable,
+    endpoints: dict[RankKey, str],
+    wait_s: float,
+    probe: Probe,
 ) -> int:
-    collect(receiver, table, time.monotonic() + wait_s, lambda: table.is_healthy(time.monotonic()))
-    unhealthy = table.unhealthy(time.monotonic())
-    if not unhealthy:
-        print(f"healthy: all {len(table.keys())} rank(s) beating")
+    def is_passing() -> bool:
+        return not probe.failing(table, time.monotonic())
+
+    collect(receiver, table, time.monotonic() + wait_s, is_passing)
+    failing = probe.failing(table, time.monotonic())
+    if not failing:
+        print(probe.passed_line.format(len(table.keys())))
         return 0
-    for key, reason in unhealthy.items():
+    for key, reason in failing.items():
         where = f" (heartbeats from {endpoints[key]})" if key in endpoints else ""
-        print(f"rank {rank_label(key)} is unhealthy: {reason}{where}", file=sys.stderr)
+        print(f"rank {rank_label(key)} is {probe.failed_word}: {reason}{where}", file=sys.stderr)
     print(
-        f"aioworker: {len(unhealthy)} of {len(table.keys())} rank(s) unhealthy "
+        f"aioworker: {len(failing)} of {len(table.keys())} rank(s) {probe.failed_word} "
         f"after waiting up to {wait_s:g}s",
         file=sys.stderr,
     )

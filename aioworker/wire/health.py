@@ -1,10 +1,12 @@
 """A rank's health as seen from outside: the states it publishes, when its silence makes it
 STALE, and the latest heartbeat of every rank with what it says (a status, a table row, whether
-a health probe counts it unhealthy). Pure logic, no sockets, no torch."""
+a liveness probe counts it unhealthy, whether a readiness probe counts it ready). Pure logic, no
+sockets, no torch."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aioworker.wire.protocol import Heartbeat
@@ -78,7 +80,8 @@ def is_stale(seen: Seen, now: float) -> bool:
 
 
 def unhealthy_reason(seen: Seen | None, now: float) -> str | None:
-    """Why a probe should fail on this rank, or None if it is healthy."""
+    """Why a liveness probe should fail on this rank, or None if it is alive. A rank that is
+    starting (LOADING, ...), paused or draining is alive: restarting it would not help."""
     status = rank_status(seen, now)
     if status == MISSING:
         return "MISSING: no heartbeat received"
@@ -91,6 +94,24 @@ def unhealthy_reason(seen: Seen | None, now: float) -> str | None:
         detail = f": {seen.beat.detail}" if seen.beat.detail else ""
         return f"{status}{detail}"
     return None
+
+
+def is_ready_state(state: str) -> bool:
+    """The readiness rule: only a READY rank admits requests and runs their steps. Every other
+    state refuses (starting, draining, stopped), queues (paused, weights) or ends them."""
+    return state == RankState.READY
+
+
+def not_ready_reason(seen: Seen | None, now: float) -> str | None:
+    """Why a readiness probe should fail on this rank (not alive, or alive but not READY), or
+    None if it serves."""
+    unhealthy = unhealthy_reason(seen, now)
+    if unhealthy is not None:
+        return unhealthy
+    assert seen is not None
+    if is_ready_state(seen.beat.state):
+        return None
+    return seen.beat.state + (f": {seen.beat.detail}" if seen.beat.detail else "")
 
 
 def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
@@ -149,9 +170,21 @@ class BeatTable:
         return format_table(self.rows(now))
 
     def unhealthy(self, now: float) -> dict[RankKey, str]:
-        """Rank -> why it is unhealthy, for every unhealthy rank."""
-        reasons = {key: unhealthy_reason(self.latest.get(key), now) for key in self.keys()}
-        return {key: reason for key, reason in reasons.items() if reason is not None}
+        """Rank -> why it is unhealthy, for every unhealthy rank (the liveness probe)."""
+        return self._failing(unhealthy_reason, now)
 
     def is_healthy(self, now: float) -> bool:
         return not self.unhealthy(now)
+
+    def not_ready(self, now: float) -> dict[RankKey, str]:
+        """Rank -> why it is not ready, for every rank that is not READY (the readiness probe)."""
+        return self._failing(not_ready_reason, now)
+
+    def is_ready(self, now: float) -> bool:
+        return not self.not_ready(now)
+
+    def _failing(
+        self, reason_of: Callable[[Seen | None, float], str | None], now: float
+    ) -> dict[RankKey, str]:
+        reasons = {key: reason_of(self.latest.get(key), now) for key in self.keys()}
+        return {key: reason for key, reason in reasons.items() if reason is not None}

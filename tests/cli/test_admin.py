@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -69,6 +71,7 @@ def test_set_log_level(capsys, ready_worker: Worker) -> None:
         (["drain", "soon"], "drain deadline 'soon' is not a number of seconds"),
         (["status", "--group", "1"], "--group 1 is outside this deployment's groups 0..0"),
         (["status", "--timeout", "0"], "--timeout 0: give a positive number of seconds"),
+        (["wait-ready", "now"], "wait-ready takes no argument"),
     ],
 )
 def test_bad_arguments_exit_2_before_anything_is_sent(
@@ -106,3 +109,52 @@ def test_help_explains_every_command(capsys) -> None:
     for usage in ("status", "pause", "resume", "drain [DEADLINE_S]", "abort REQUEST_ID"):
         assert f"\n  {usage} " in out
     assert "\n  shutdown " in out and "\n  set-log-level LEVEL " in out
+    assert "\n  wait-ready " in out
+
+
+# -- wait-ready -----------------------------------------------------------------------------------
+
+
+def test_wait_ready_returns_0_on_a_ready_worker(capsys, ready_worker: Worker) -> None:
+    code, out, err = cli(capsys, "admin", "wait-ready", *ready_worker.args)
+    assert code == 0, err
+    assert out == "group 0: READY\n"
+    code, out, _ = cli(capsys, "admin", "wait-ready", "--json", *ready_worker.args)
+    record = json.loads(out)
+    assert code == 0 and record["ok"] is True and record["message"] == "READY"
+
+
+def test_wait_ready_gives_up_with_3_when_nothing_runs(capsys, workers: Workers) -> None:
+    started = time.monotonic()
+    code, out, err = cli(
+        capsys, "admin", "wait-ready", "--timeout", "0.5", *workers.deployment().args
+    )
+    assert code == 3 and time.monotonic() - started < 2.0
+    assert out == ""
+    assert "group 0 is not READY after 0.5s: unreachable: no reply from" in err
+
+
+def test_wait_ready_gives_up_on_a_draining_worker(capsys, draining_worker: Worker) -> None:
+    code, _, err = cli(capsys, "admin", "wait-ready", "--timeout", "0.5", *draining_worker.args)
+    assert code == 3
+    assert "group 0 is not READY after 0.5s: DRAINING" in err
+
+
+def test_wait_ready_waits_for_a_loading_group(capsys, workers: Workers) -> None:
+    # The driver of a TP=2 group beats LOADING until its peer starts.
+    driver = workers.start(until="LOADING", extra={"parallel.tensor_parallel_size": 2})
+    command = [sys.executable, "-m", "aioworker.cli.main", "admin", "wait-ready", *driver.args]
+    waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert waiting.poll() is None  # still waiting
+    peer = Worker(driver.overrides, log_path=driver.log_path.with_suffix(".r1.log"))
+    with peer.log_path.open("w") as log:
+        peer.process = subprocess.Popen(
+            [*command[:3], "worker", "--rank", "1", "--fake-executor", *driver.args],
+            stdout=log,
+            stderr=log,
+        )
+    workers.started.append(peer)
+    out, err = waiting.communicate(timeout=20)
+    assert waiting.returncode == 0, err
+    assert out == "group 0: READY\n"

@@ -18,6 +18,8 @@ from aioworker.wire.health import (
     Seen,
     expected_ranks,
     format_table,
+    is_ready_state,
+    not_ready_reason,
     rank_status,
     table_row,
     unhealthy_reason,
@@ -62,6 +64,30 @@ def test_unhealthy_reasons() -> None:
     assert unhealthy_reason(seen(0.5, state="STOPPED"), NOW) == "STOPPED"
     failed = seen(0.5, state="FAILED", detail="step 3 failed: boom")
     assert unhealthy_reason(failed, NOW) == "FAILED: step 3 failed: boom"
+
+
+def test_only_ready_is_ready_and_every_live_state_passes_liveness() -> None:
+    assert is_ready_state("READY")
+    assert not_ready_reason(seen(0.5), NOW) is None
+    for state in ("STARTING", "LOADING", "WARMING", "PAUSED", "DRAINING", "UPDATING_WEIGHTS"):
+        assert not is_ready_state(state)
+        assert unhealthy_reason(seen(0.5, state=state), NOW) is None, state
+        assert not_ready_reason(seen(0.5, state=state), NOW) == state
+    # A rank that is not alive is not ready either, for the same reason.
+    assert not_ready_reason(None, NOW) == "MISSING: no heartbeat received"
+    assert not_ready_reason(seen(4.0), NOW) == unhealthy_reason(seen(4.0), NOW)
+    failed = seen(0.5, state="FAILED", detail="boom")
+    assert not_ready_reason(failed, NOW) == "FAILED: boom"
+
+
+def test_beat_table_is_ready_when_every_rank_is_ready() -> None:
+    table = BeatTable(expected_ranks(tp_size=2, dp_size=1))
+    table.record(make_beat(0, 0, state="LOADING"), received_at=NOW)
+    table.record(make_beat(0, 1), received_at=NOW)
+    assert table.is_healthy(NOW) and not table.is_ready(NOW)
+    assert table.not_ready(NOW) == {(0, 0): "LOADING"}
+    table.record(make_beat(0, 0), received_at=NOW)
+    assert table.is_ready(NOW)
 
 
 def test_table_row_shows_every_field() -> None:
@@ -159,11 +185,40 @@ def test_a_killed_rank_turns_stale_and_fails_the_check(capsys, workers: Workers)
     assert "rank 0.0 is unhealthy: MISSING: no heartbeat received" in err
 
 
-def test_check_names_the_missing_peer_of_a_tp2_group(capsys, workers: Workers) -> None:
-    # Rank 0 of a TP=2 group waits for its peer (never started) and beats meanwhile.
-    worker = workers.start(until="LOADING", extra={"parallel.tensor_parallel_size": 2})
-    code, _, err = cli(capsys, "top", "--check", "--wait", "0.6", *worker.args)
+def test_check_names_the_missing_peer_of_a_tp2_group(capsys, loading_worker: Worker) -> None:
+    # Rank 0 of a TP=2 group waits for its peer (never started) and beats LOADING meanwhile.
+    code, _, err = cli(capsys, "top", "--check", "--wait", "0.6", *loading_worker.args)
     assert code == 1
     assert "rank 0.1 is unhealthy: MISSING: no heartbeat received" in err
-    assert "rank 0.0" not in err
+    assert "rank 0.0" not in err  # LOADING is alive
     assert "1 of 2 rank(s) unhealthy" in err
+
+
+def test_check_ready_names_the_loading_rank(capsys, loading_worker: Worker) -> None:
+    code, out, err = cli(capsys, "top", "--check", "--ready", "--wait", "0.6", *loading_worker.args)
+    assert code == 1 and out == ""
+    assert "rank 0.0 is not ready: LOADING" in err
+    assert "rank 0.1 is not ready: MISSING: no heartbeat received" in err
+    assert "2 of 2 rank(s) not ready" in err
+
+
+def test_check_ready_passes_on_a_ready_worker(capsys, ready_worker: Worker) -> None:
+    started = time.monotonic()
+    code, out, err = cli(capsys, "top", "--check", "--ready", *ready_worker.args)
+    assert code == 0, err
+    assert out == "ready: all 1 rank(s) READY\n"
+    assert time.monotonic() - started < 1.0  # it stops waiting once every rank is READY
+
+
+def test_a_draining_rank_is_alive_but_not_ready(capsys, draining_worker: Worker) -> None:
+    code, out, err = cli(capsys, "top", "--check", *draining_worker.args)
+    assert code == 0, err
+    code, out, err = cli(
+        capsys, "top", "--check", "--ready", "--wait", "0.6", *draining_worker.args
+    )
+    assert code == 1 and "rank 0.0 is not ready: DRAINING" in err
+
+
+def test_ready_without_check_is_a_usage_error(capsys, workers: Workers) -> None:
+    code, _, err = cli(capsys, "top", "--ready", *workers.deployment().args)
+    assert code == 2 and "--ready goes with --check" in err

@@ -177,46 +177,70 @@ def test_metrics_are_served_with_conventional_names() -> None:
     assert 'aioworker:request_success_total{finished_reason="length",group="0"} 5.0' in text
 
 
+REPLAY_CACHE = {"cache.num_blocks": 64}
+
+
+def record(tmp_path, model_dir, requests, max_model_len: int = 256):
+    """Serve `requests` (prompt, params) on the model with runtime.record_path; the recording."""
+    recording = tmp_path / "run.rec"
+    overrides = {"model.path": str(model_dir), "model.max_model_len": max_model_len}
+    config, set_args = deployment(
+        **REPLAY_CACHE, **overrides, **{"runtime.record_path": str(recording)}
+    )
+
+    async def scenario():
+        async with Client.from_config(config) as client:
+            return await asyncio.gather(*(client.generate(p, params) for p, params in requests))
+
+    with running(config, set_args):
+        completions = asyncio.run(scenario())
+    return recording, completions
+
+
+def replay(recording, model_dir, max_model_len: int = 256) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "aioworker.cli.main", "replay", str(recording)]
+    command += ["--model", str(model_dir), "--max-model-len", str(max_model_len)]
+    command += ["--set", f"cache.num_blocks={REPLAY_CACHE['cache.num_blocks']}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def test_a_recording_replays_to_the_same_tokens(tmp_path) -> None:
     from tests.tiny_models import build_tiny_model
 
     model_dir = tmp_path / "model"
     build_tiny_model("qwen3", model_dir)
-    recording = tmp_path / "run.rec"
-    overrides = {"model.path": str(model_dir), "cache.num_blocks": 64, "model.max_model_len": 256}
-    config, set_args = deployment(**overrides, **{"runtime.record_path": str(recording)})
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13] * 20]
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     seeded = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+    requests = [(p, params) for p in prompts for params in (greedy, seeded)]
+    recording, _ = record(tmp_path, model_dir, requests)
 
-    async def scenario():
-        async with Client.from_config(config) as client:
-            return await asyncio.gather(
-                *(client.generate(p, params) for p in prompts for params in (greedy, seeded))
-            )
-
-    with running(config, set_args):
-        asyncio.run(scenario())
-
-    def replay(model: str) -> subprocess.CompletedProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "aioworker.cli.main",
-            "replay",
-            str(recording),
-            "--model",
-            model,
-        ]
-        command += ["--set", "cache.num_blocks=64", "--max-model-len", "256"]
-        return subprocess.run(command, capture_output=True, text=True, timeout=120)
-
-    same = replay(str(model_dir))
+    same = replay(recording, model_dir)
     assert same.returncode == 0, same.stderr
     assert "6 reproducible" in same.stdout and "6 identical, 0 different" in same.stdout
     other_dir = tmp_path / "other"
     build_tiny_model("qwen3", other_dir, seed=1)
-    assert replay(str(other_dir)).returncode == 1
+    assert replay(recording, other_dir).returncode == 1
+
+
+def test_requests_refused_when_recorded_are_refused_again(tmp_path) -> None:
+    from tests.tiny_models import build_tiny_model
+
+    model_dir = tmp_path / "model"
+    build_tiny_model("qwen3", model_dir)  # a vocabulary of 384 tokens
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    requests = [([5, 6, 7], params), ([5, 1000], params), ([9] * 40, params)]
+    recording, completions = record(tmp_path, model_dir, requests, max_model_len=32)
+    assert [c.finish_reason for c in completions] == ["length", "error", "error"]
+
+    same = replay(recording, model_dir, max_model_len=32)
+    assert same.returncode == 0, same.stderr
+    assert "3 reproducible" in same.stdout and "3 identical, 0 different" in same.stdout
+    # With room for its prompt, the 40-token request is accepted where it was refused.
+    longer = replay(recording, model_dir, max_model_len=256)
+    assert longer.returncode == 1, longer.stderr
+    assert "2 identical, 1 different" in longer.stdout
+    assert "prompt has 40 tokens; max_model_len is 32" in longer.stdout
 
 
 def test_a_second_instance_on_the_same_endpoints_refuses_to_start() -> None:
