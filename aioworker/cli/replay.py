@@ -50,7 +50,7 @@ class Recorded:
         if self.was_refused:
             return True
         params = self.submit.params
-        deterministic = params.temperature == 0.0 or params.seed is not None
+        deterministic = params.is_greedy or params.seed is not None
         return deterministic and self.finish_reason not in (None, FinishReason.ABORT)
 
 
