@@ -80,6 +80,11 @@ class RuntimeOptions(_Section):
     heartbeat_interval_s: float = 1.0
     # Send-queue bound per result socket; a client this far behind loses outputs (counted).
     result_hwm: int = 10000
+    # The largest message a socket accepts (ZMQ_MAXMSGSIZE): a peer that sends more is
+    # disconnected before anything is read. The admin socket's bound is separate: pushed
+    # weights travel there, one tensor per frame.
+    max_message_bytes: int = 64 << 20
+    max_admin_message_bytes: int = 8 << 30
     log_format: Literal["text", "json"] = "text"
     # SIGTERM / `admin drain`: in-flight requests get this long before the rest are aborted.
     drain_timeout_s: float = 60.0
@@ -126,6 +131,8 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 f"runtime.heartbeat_interval_s is {self.runtime.heartbeat_interval_s}; it must be > 0"
             )
+        _check_positive("runtime.max_message_bytes", self.runtime.max_message_bytes)
+        _check_positive("runtime.max_admin_message_bytes", self.runtime.max_admin_message_bytes)
         if self.cache.num_blocks < 0:
             raise ConfigError(f"cache.num_blocks is {self.cache.num_blocks}; use 0 (auto) or more")
         if not 0.0 < self.cache.gpu_memory_utilization <= 1.0:

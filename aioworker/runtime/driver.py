@@ -66,7 +66,10 @@ class Driver:
         tasks, admin = rank.endpoints.tasks, rank.endpoints.admin
         self.tasks = rank.socket(zmq.PULL, bind=tasks, options=self.security.server_options(tasks))
         admin_socket = rank.socket(
-            zmq.ROUTER, bind=admin, options=self.security.server_options(admin)
+            zmq.ROUTER,
+            bind=admin,
+            options=self.security.server_options(admin),
+            max_message_bytes=runtime.max_admin_message_bytes,
         )
         self.results = ResultSender(runtime.result_hwm, self.security.result_options)
         self.recorder = Recorder(runtime.record_path) if runtime.record_path else None

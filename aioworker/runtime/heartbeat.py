@@ -3,19 +3,18 @@ prefill or a weight load still beats, and says how long its current step has run
 
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import zmq
-import zmq.asyncio
 
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
-from aioworker.wire.health import FINAL_STATES
 from aioworker.wire.protocol import Heartbeat, encode
+from aioworker.wire.transport import make_socket
 
 
 class ServingInfo(NamedTuple):
@@ -71,14 +70,53 @@ class HeartbeatSource:
             detail=self.lifecycle.detail,
         )
 
-    async def publish(self, sock: zmq.asyncio.Socket) -> None:
-        """Beat every interval until the rank's state is final."""
-        while True:
-            beat = self.make()
-            try:
-                await sock.send_multipart(encode(beat), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # no subscriber keeps up: a beat is worth nothing late
-            if beat.state in FINAL_STATES:
-                return
-            await asyncio.sleep(self.interval_s)
+
+class HeartbeatThread:
+    """Publishes a rank's beats from a thread of its own, so the rank beats whatever its event
+    loop is doing: a loop held up by a heavy frame must not make peers and monitors take a busy
+    rank for a dead one. Binding happens at construction, so a second instance on the same
+    endpoint is refused there."""
+
+    def __init__(
+        self, source: HeartbeatSource, endpoint: str, options: Mapping[int, int | bytes] | None
+    ) -> None:
+        self.source = source
+        self._context = zmq.Context()
+        try:
+            self._sock = make_socket(self._context, zmq.PUB, bind=endpoint, options=options)
+        except BaseException:
+            self._context.term()
+            raise
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aioworker-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Publish the final state once more, so monitors see it at once, and end the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        else:  # never started: nobody else uses the socket
+            self._close()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._send()
+                if self._stop.wait(self.source.interval_s):
+                    self._send()  # the final state
+                    return
+        finally:
+            self._close()
+
+    def _send(self) -> None:
+        try:
+            self._sock.send_multipart(encode(self.source.make()), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # no subscriber keeps up: a beat is worth nothing late
+
+    def _close(self) -> None:
+        self._sock.close(linger=500)  # let the last beat leave
+        self._context.term()

@@ -26,12 +26,18 @@ from aioworker.wire.protocol import (
     Rejected,
     SubmitRequest,
 )
-from aioworker.wire.security import recv_with_client_key
+from aioworker.wire.security import client_key_of
 
 log = logging.getLogger(__name__)
 
 # Frames taken from a socket before other coroutines get a turn.
 YIELD_EVERY = 32
+
+
+def max_task_frame_bytes(max_model_len: int) -> int:
+    """The most a task frame of a valid request can hold: a prompt of max_model_len token ids
+    (at most 9 bytes each in msgpack), with generous room for the id, reply_to and params."""
+    return 65536 + 9 * max_model_len
 
 
 class RequestIntake:
@@ -51,12 +57,23 @@ class RequestIntake:
         self.rejected = rejected
         self.while_released = options.while_released
         self.recorder = recorder
+        self.max_model_len = control.core.validator.max_model_len
+        self.max_frame_bytes = max_task_frame_bytes(self.max_model_len)
 
     async def loop(self) -> None:
         received = 0
         while True:
-            frames, client_key = await recv_with_client_key(self.tasks)
+            raw = await self.tasks.recv_multipart(copy=False)
             received += 1
+            size = sum(len(frame) for frame in raw)
+            if size > self.max_frame_bytes:
+                # Refused unread: decoding it could hold the loop for seconds.
+                self.rejected.count(
+                    f"tasks channel: a frame of {size} bytes; a request needs at most "
+                    f"{self.max_frame_bytes} (model.max_model_len {self.max_model_len})"
+                )
+                continue
+            frames, client_key = [frame.bytes for frame in raw], client_key_of(raw[-1])
             if received % YIELD_EVERY == 0:
                 # Awaiting a socket with queued frames does not yield: without this, a burst
                 # would starve the step loop and the heartbeat (and peers would think us dead).

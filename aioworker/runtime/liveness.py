@@ -4,27 +4,42 @@ for `stale_after` intervals (killed, frozen, or cut off)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import zmq
 import zmq.asyncio
 
+from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
 
+log = logging.getLogger(__name__)
+
+# The options of a heartbeat SUB socket: every beat.
+SUBSCRIBE_ALL = {zmq.SUBSCRIBE: b""}
+
 
 class LivenessWatch:
+    """Deadlines per watched rank, pushed back by each beat. Checked every quarter interval, after
+    reading every beat that has arrived, so a loop that was held up does not mistake beats it has
+    not read yet for silence, and a lost rank is noticed within a quarter interval of its
+    deadline."""
+
     def __init__(
         self,
         sock: zmq.asyncio.Socket,
         ranks: set[int],
         interval_s: float,
         first_beat_grace_s: float,
+        malformed: DropCounter | None = None,
     ) -> None:
-        self.sock = sock
+        # The same socket, read without waiting: beats are drained before each check.
+        self.sock = zmq.Socket.shadow(sock.underlying)
         self.interval_s = interval_s
+        self.malformed = malformed or DropCounter(log, "malformed heartbeats")
         started = time.monotonic()
         # Until a rank's first beat, allow for its process to start.
         self.deadlines = {rank: started + first_beat_grace_s for rank in ranks}
@@ -32,15 +47,10 @@ class LivenessWatch:
 
     async def run(self) -> None:
         """Returns never; raises FatalError(PEER_LOST) when a watched rank is lost."""
-        receiver = asyncio.ensure_future(self._receive())
-        try:
-            while True:
-                await asyncio.sleep(self.interval_s)
-                if receiver.done():
-                    receiver.result()
-                self.check(time.monotonic())
-        finally:
-            receiver.cancel()
+        while True:
+            await asyncio.sleep(self.interval_s / 4)
+            self.read_beats()
+            self.check(time.monotonic())
 
     def expect_beats_now(self, rank: int) -> None:
         """`rank` is known to be up (it said so on another socket): end its start-up grace, so a
@@ -59,24 +69,19 @@ class LivenessWatch:
                     f"({STALE_AFTER_INTERVALS * self.interval_s:.1f}s): killed, frozen or unreachable",
                 )
 
-    async def _receive(self) -> None:
+    def read_beats(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart()
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
             try:
                 beat = HEARTBEAT_DECODER.decode(frames)
-            except ProtocolError:
+            except ProtocolError as exc:
+                self.malformed.count(str(exc))
                 continue
             if beat.rank in self.deadlines:
                 self.deadlines[beat.rank] = (
                     time.monotonic() + STALE_AFTER_INTERVALS * beat.interval_s
                 )
                 self.states[beat.rank] = beat.state
-
-
-def watch_socket(context: zmq.asyncio.Context, endpoints: list[str]) -> zmq.asyncio.Socket:
-    sock = context.socket(zmq.SUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, b"")
-    for endpoint in endpoints:
-        sock.connect(endpoint)
-    return sock

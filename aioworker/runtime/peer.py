@@ -19,7 +19,7 @@ from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.heartbeat import ServingInfo
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.lifecycle import FatalError
-from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
 from aioworker.runtime.rank import Rank
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
@@ -57,8 +57,7 @@ class Peer:
         # A topic no message carries: its arrival at the driver's XPUB says we are subscribed.
         self.control.setsockopt(zmq.SUBSCRIBE, f"rank{rank.index}".encode())
         self.acks = rank.socket(zmq.PUSH, connect=endpoints.acks)
-        beats = watch_socket(rank.context, [endpoints.heartbeats[0]])
-        rank.adopt(beats)
+        beats = rank.socket(zmq.SUB, connect=endpoints.heartbeats[0], options=SUBSCRIBE_ALL)
         interval = rank.config.runtime.heartbeat_interval_s
         self.liveness = LivenessWatch(beats, {0}, interval, first_beat_grace_s=60.0)
         rank.spawn(self.liveness.run())

@@ -14,7 +14,7 @@ from aioworker.core.plan import StepPlan
 from aioworker.core.weights_phase import WeightsPhase
 from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.lifecycle import FatalError
-from aioworker.runtime.liveness import LivenessWatch, watch_socket
+from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
 from aioworker.runtime.rank import Rank
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.protocol import (
@@ -54,8 +54,8 @@ class PeerGroup:
         self.control.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.acks = rank.socket(zmq.PULL, bind=endpoints.acks)
         peers = list(range(1, self.size))
-        beats = watch_socket(rank.context, [endpoints.heartbeats[r] for r in peers])
-        rank.adopt(beats)
+        peer_beats = [endpoints.heartbeats[r] for r in peers]
+        beats = rank.socket(zmq.SUB, connect=peer_beats, options=SUBSCRIBE_ALL)
         interval = rank.config.runtime.heartbeat_interval_s
         self.liveness = LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0)
         rank.spawn(self.liveness.run())

@@ -17,13 +17,12 @@ from aioworker.config import WorkerConfig
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.concerns import Concerns
-from aioworker.runtime.heartbeat import HeartbeatSource, ServingInfo
+from aioworker.runtime.heartbeat import HeartbeatSource, HeartbeatThread, ServingInfo
 from aioworker.runtime.lifecycle import FatalError, RankLifecycle
 from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed_watchdog
 from aioworker.runtime.progress import StepProgress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
-from aioworker.wire.protocol import encode
 from aioworker.wire.transport import group_endpoints, make_socket
 
 log = logging.getLogger(__name__)
@@ -72,8 +71,7 @@ class Rank:
         self.concerns = Concerns(self.lifecycle)
         self.executor: Executor | None = None
         self._sockets: list[zmq.asyncio.Socket] = []
-        self._beat_socket: zmq.asyncio.Socket | None = None
-        self._beats: HeartbeatSource | None = None
+        self._beats: HeartbeatThread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -104,12 +102,12 @@ class Rank:
         startup.result()
 
     async def _startup(self, role: RankRole, build: BuildFn) -> None:
-        self._beat_socket = self.socket(zmq.PUB, bind=self.endpoints.heartbeats[self.index])
         interval = self.config.runtime.heartbeat_interval_s
-        self._beats = HeartbeatSource(
+        source = HeartbeatSource(
             self.group, self.index, interval, self.lifecycle, self.progress, role.serving_info
         )
-        self.spawn(self._beats.publish(self._beat_socket))
+        self._beats = HeartbeatThread(source, self.endpoints.heartbeats[self.index], None)
+        self._beats.start()
         if self.notifier.is_enabled:
             self.spawn(extend_start_timeout(self.notifier, self.lifecycle.is_starting))
         role.bind()
@@ -130,7 +128,8 @@ class Rank:
         if not self.lifecycle.state.is_final:
             self.lifecycle.move(RankState.STOPPED)
         await role.close()
-        await self._flush_last_beat()
+        if self._beats is not None:
+            self._beats.stop()
         await self.concerns.cancel_all()
         if self.executor is not None and not self.executor.shutdown(timeout=5.0):
             log.warning(
@@ -140,17 +139,6 @@ class Rank:
             sock.close(linger=0)
         self.context.term()
 
-    async def _flush_last_beat(self) -> None:
-        """Publish the final state (STOPPED / FAILED) once more so monitors see it at once."""
-        if self._beat_socket is None or self._beats is None:
-            return
-        try:
-            await self._beat_socket.send_multipart(encode(self._beats.make()), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return
-        self._sockets.remove(self._beat_socket)
-        self._beat_socket.close(linger=500)  # let the last beat leave
-
     def is_progressing(self) -> bool:
         """What the systemd watchdog asks: not stopped, and no step hung."""
         return not self.lifecycle.state.is_final and self.progress.is_progressing()
@@ -158,14 +146,12 @@ class Rank:
     # -- helpers ------------------------------------------------------------------------------
 
     def socket(self, kind: int, **kwargs) -> zmq.asyncio.Socket:
-        """A socket closed with the rank (see transport.make_socket for the arguments)."""
+        """A socket closed with the rank (see transport.make_socket for the arguments), taking
+        messages up to runtime.max_message_bytes unless told otherwise."""
+        kwargs.setdefault("max_message_bytes", self.config.runtime.max_message_bytes)
         sock = make_socket(self.context, kind, **kwargs)
         self._sockets.append(sock)
         return sock
-
-    def adopt(self, sock: zmq.asyncio.Socket) -> None:
-        """Close a socket made elsewhere with the rank."""
-        self._sockets.append(sock)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:
         """Run a concern as its own task; if it crashes, the rank fails with its exception."""

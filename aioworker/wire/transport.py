@@ -150,11 +150,15 @@ def make_socket(
     connect: str | list[str] | None = None,
     hwm: int | None = None,
     options: Mapping[int, int | bytes] | None = None,
+    max_message_bytes: int | None = None,
 ) -> zmq.asyncio.Socket:
     """A socket that binds and/or connects; `options` (e.g. CURVE keys from security.py) are set
-    before either, as ZeroMQ requires."""
+    before either, as ZeroMQ requires. With `max_message_bytes`, a peer that sends a longer
+    message is disconnected before it is read."""
     sock = context.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    if max_message_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     if hwm is not None:
         sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.RCVHWM, hwm)
