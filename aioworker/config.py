@@ -78,8 +78,13 @@ class RuntimeOptions(_Section):
     rank_hosts: list[str] = []
     base_port: int = 47000
     heartbeat_interval_s: float = 1.0
-    # Send-queue bound per result socket; a client this far behind loses outputs (counted).
+    # Send-queue bound per result socket; past it, outputs wait in the client's outbox.
     result_hwm: int = 10000
+    # A client that takes none of its outputs for this long (it died, or stopped reading) is
+    # given up: its requests are aborted and their KV blocks freed.
+    client_timeout_s: float = 5.0
+    # Result sockets kept open (one per client); the least recently used idle one makes room.
+    max_client_sockets: int = 256
     # The largest message a socket accepts (ZMQ_MAXMSGSIZE): a peer that sends more is
     # disconnected before anything is read. The admin socket's bound is separate: pushed
     # weights travel there, one tensor per frame.
@@ -132,6 +137,11 @@ class WorkerConfig(_Section):
                 f"runtime.heartbeat_interval_s is {self.runtime.heartbeat_interval_s}; it must be > 0"
             )
         _check_positive("runtime.max_message_bytes", self.runtime.max_message_bytes)
+        _check_positive("runtime.max_client_sockets", self.runtime.max_client_sockets)
+        if not self.runtime.client_timeout_s > 0:
+            raise ConfigError(
+                f"runtime.client_timeout_s is {self.runtime.client_timeout_s}; it must be > 0"
+            )
         _check_positive("runtime.max_admin_message_bytes", self.runtime.max_admin_message_bytes)
         if self.cache.num_blocks < 0:
             raise ConfigError(f"cache.num_blocks is {self.cache.num_blocks}; use 0 (auto) or more")

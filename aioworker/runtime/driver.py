@@ -71,7 +71,12 @@ class Driver:
             options=self.security.server_options(admin),
             max_message_bytes=runtime.max_admin_message_bytes,
         )
-        self.results = ResultSender(runtime.result_hwm, self.security.result_options)
+        self.results = ResultSender(
+            runtime.result_hwm,
+            self.security.result_options,
+            runtime.max_client_sockets,
+            runtime.client_timeout_s,
+        )
         self.recorder = Recorder(runtime.record_path) if runtime.record_path else None
         self.results.recorder = self.recorder
         self.peers = PeerGroup(rank, self.rejected)
@@ -100,6 +105,7 @@ class Driver:
             "group %d ready: %d KV blocks of %d tokens", rank.group, num_blocks, loaded.block_size
         )
         rank.spawn(intake.loop())
+        rank.spawn(self.results.run(self._on_client_gone))
         rank.spawn(self.step_loop())
         rank.spawn(watch_for_hung_steps(rank.progress))
         self.peers.serve()
@@ -136,6 +142,13 @@ class Driver:
             blocks.num_blocks,
             self.core.weights_version,
         )
+
+    def _on_client_gone(self, client) -> None:
+        timeout = self.config.runtime.client_timeout_s
+        reason = f"the client read no outputs for {timeout:g}s (gone, or not reading)"
+        count = self.control.abort_client(client, reason)
+        if count:
+            log.warning("aborted %d request(s) of %s: %s", count, client[0], reason)
 
     def on_stop_signal(self) -> None:
         """SIGTERM / SIGINT: drain when serving, otherwise stop now."""

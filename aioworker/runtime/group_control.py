@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aioworker.core.engine_core import EngineCore
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.open_requests import OpenRequests
+from aioworker.runtime.results import ClientAddress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
 
@@ -62,6 +63,11 @@ class GroupControl:
             return False
         self.finish_drain_if_done()
         return True
+
+    def abort_client(self, client: ClientAddress, reason: str) -> int:
+        count = self.requests.abort_client(client, reason)
+        self.finish_drain_if_done()
+        return count
 
     def abort_all(self, reason: str) -> int:
         count = self.requests.abort_all(reason)

@@ -65,30 +65,45 @@ class RequestIntake:
         while True:
             raw = await self.tasks.recv_multipart(copy=False)
             received += 1
-            size = sum(len(frame) for frame in raw)
-            if size > self.max_frame_bytes:
-                # Refused unread: decoding it could hold the loop for seconds.
-                self.rejected.count(
-                    f"tasks channel: a frame of {size} bytes; a request needs at most "
-                    f"{self.max_frame_bytes} (model.max_model_len {self.max_model_len})"
-                )
-                continue
-            frames, client_key = [frame.bytes for frame in raw], client_key_of(raw[-1])
             if received % YIELD_EVERY == 0:
                 # Awaiting a socket with queued frames does not yield: without this, a burst
-                # would starve the step loop and the heartbeat (and peers would think us dead).
+                # would starve the step loop (and the admin and client sockets).
                 await asyncio.sleep(0)
-            if self.recorder is not None:
-                self.recorder.write("task", frames)
             try:
-                message = TASK_DECODER.decode(frames)
-            except ProtocolError as exc:
-                self.reject_frame(frames, exc, client_key)
-                continue
-            if isinstance(message, SubmitRequest):
-                self.on_submit(message, client_key)
-            elif isinstance(message, AbortRequest):
-                self.control.abort(message.request_id, "aborted by the client")
+                self.on_frames(raw)
+            except Exception as exc:  # one frame must never end the intake, and the rank
+                log.exception("a task frame could not be handled")
+                self.rejected.count(f"tasks channel: {type(exc).__name__}: {exc}")
+
+    def on_frames(self, raw: list[zmq.Frame]) -> None:
+        size = sum(len(frame) for frame in raw)
+        if size > self.max_frame_bytes:
+            # Refused unread: decoding it could hold the loop for seconds.
+            self.rejected.count(
+                f"tasks channel: a frame of {size} bytes; a request needs at most "
+                f"{self.max_frame_bytes} (model.max_model_len {self.max_model_len})"
+            )
+            return
+        frames, client_key = [frame.bytes for frame in raw], client_key_of(raw[-1])
+        if self.recorder is not None:
+            self.recorder.write("task", frames)
+        try:
+            message = TASK_DECODER.decode(frames)
+        except ProtocolError as exc:
+            self.reject_frame(frames, exc, client_key)
+            return
+        if isinstance(message, SubmitRequest):
+            self.on_submit(message, client_key)
+        elif isinstance(message, AbortRequest):
+            self.on_abort(message.request_id, client_key)
+
+    def on_abort(self, request_id: str, client_key: str | None) -> None:
+        """Only the key a request came with may abort it (with CURVE; ipc has no keys)."""
+        owner = self.requests.client_of(request_id)
+        if owner is not None and owner[1] != client_key:
+            self.rejected.count(f"tasks channel: abort of {request_id!r} from another client")
+            return
+        self.control.abort(request_id, "aborted by the client")
 
     def on_submit(self, message: SubmitRequest, client_key: str | None = None) -> None:
         client = (message.reply_to, client_key)

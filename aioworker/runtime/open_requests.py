@@ -10,12 +10,8 @@ from aioworker.core.engine_core import EngineCore
 from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.metrics import WorkerMetrics
-from aioworker.runtime.results import ResultSender
+from aioworker.runtime.results import ClientAddress, ResultSender
 from aioworker.wire.protocol import Outputs
-
-# Where a request's outputs go: its reply_to endpoint, and with CURVE the key it came with
-# (its results go only to that key).
-ClientAddress = tuple[str, str | None]
 
 
 @dataclass(slots=True)
@@ -91,6 +87,13 @@ class OpenRequests:
         self.core.abort(request_id)
         self.send_terminal(request.client, request_id, FinishReason.ABORT, reason)
         return True
+
+    def abort_client(self, client: ClientAddress, reason: str) -> int:
+        """End every open request of one client (it vanished or stopped reading)."""
+        request_ids = [rid for rid, request in self._requests.items() if request.client == client]
+        for request_id in request_ids:
+            self.abort(request_id, reason)
+        return len(request_ids)
 
     def abort_all(self, reason: str) -> int:
         request_ids = list(self._requests)

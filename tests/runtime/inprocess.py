@@ -91,6 +91,7 @@ def run(
     config: WorkerConfig,
     step_seconds: float = 0.002,
     peer_faults: dict | None = None,
+    timeout_s: float = 30.0,
     **faults,
 ):
     """Run `scenario(group, client)` against a fresh in-process group; its result and the group.
@@ -101,7 +102,7 @@ def run(
         await asyncio.wait_for(group.ready(), 10)
         try:
             async with Client.from_config(config) as client:
-                result = await asyncio.wait_for(scenario(group, client), 30)
+                result = await asyncio.wait_for(scenario(group, client), timeout_s)
         finally:
             await group.stop()
         return result, group
@@ -112,10 +113,19 @@ def run(
 class RawClient:
     """A PUSH to the driver's tasks and a bound PULL inbox, for frames the Client never sends."""
 
-    def __init__(self, config: WorkerConfig, name: str) -> None:
-        self.context = zmq.asyncio.Context()
+    def __init__(
+        self,
+        config: WorkerConfig,
+        name: str,
+        context: zmq.asyncio.Context | None = None,
+        rcvhwm: int | None = None,
+    ) -> None:
+        self._owns_context = context is None
+        self.context = context or zmq.asyncio.Context()
         self.reply_to = f"ipc://{config.runtime.runtime_dir}/{name}-inbox"
         self.inbox = self.context.socket(zmq.PULL)
+        if rcvhwm is not None:
+            self.inbox.setsockopt(zmq.RCVHWM, rcvhwm)
         self.inbox.bind(self.reply_to)
         self.tasks = self.context.socket(zmq.PUSH)
         self.tasks.connect(group_endpoints(config.runtime, 0, 1).tasks)
@@ -132,4 +142,5 @@ class RawClient:
     def close(self) -> None:
         self.inbox.close(linger=0)
         self.tasks.close(linger=0)
-        self.context.term()
+        if self._owns_context:
+            self.context.term()
