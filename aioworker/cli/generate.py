@@ -66,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action=_AppendEndpoint,
     )
     remote.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds to wait for all outputs (remote only)"
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="remote only: seconds each request may take; the workers abort it then (default 600)",
     )
     add_config_arguments(parser)
 
@@ -84,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
         )
         params.validate()  # before the model loads, so a typo fails fast
+        if not 0 < args.timeout <= 7 * 86400:
+            raise ValueError(f"--timeout {args.timeout:g}: give seconds, more than 0, up to a week")
         config = config_from_args(args)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))

@@ -4,6 +4,7 @@ through the client library. Tokenizes and detokenizes here; the workers see toke
 from __future__ import annotations
 
 import asyncio
+import sys
 from urllib.parse import urlparse
 
 import msgspec
@@ -21,6 +22,9 @@ from aioworker.wire.transport import (
     local_address_towards,
 )
 
+# The workers end the requests at --timeout; this process waits a little longer for their word.
+DEADLINE_SLACK_S = 5.0
+
 
 def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams) -> int:
     tokenizer = _tokenizer(config)
@@ -32,20 +36,29 @@ def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams
     except ValueError as exc:
         return fail(str(exc))
     printer = ResultPrinter(tokenizer, prompts, args.json)
+    run = _run(client, token_prompts, params, printer, args.timeout)
     try:
-        asyncio.run(asyncio.wait_for(_run(client, token_prompts, params, printer), args.timeout))
+        asyncio.run(asyncio.wait_for(run, args.timeout + DEADLINE_SLACK_S))
     except TimeoutError:
         return fail(
             f"no complete answer within --timeout {args.timeout:g}s; is the deployment running?", 1
         )
+    except KeyboardInterrupt:
+        # Closing the client aborted the requests still running: nothing is left computing.
+        print("\naioworker: interrupted; the requests in flight were aborted", file=sys.stderr)
+        return 130
     return printer.finish()
 
 
 async def _run(
-    client: Client, prompts: list[list[int]], params: SamplingParams, printer: ResultPrinter
+    client: Client,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    printer: ResultPrinter,
+    timeout_s: float,
 ) -> None:
     async with client:
-        streams = [await client.submit(p, params) for p in prompts]
+        streams = [await client.submit(p, params, timeout_s=timeout_s) for p in prompts]
 
         async def consume(index: int, stream) -> None:
             async for out in stream:

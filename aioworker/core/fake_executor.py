@@ -65,6 +65,7 @@ class FakeExecutor:
     def _enqueue(self, settle: Callable[[Future], None], seconds: float) -> Future:
         future: Future = Future()
         if self._pending is None:
+            future.set_running_or_notify_cancel()
             settle(future)
         else:
             self._pending.put((settle, future, seconds))
@@ -73,6 +74,8 @@ class FakeExecutor:
     def _run_in_order(self) -> None:
         while True:
             settle, future, seconds = self._pending.get()
+            if not future.set_running_or_notify_cancel():
+                continue  # its waiter gave up (the rank is stopping)
             time.sleep(seconds)
             settle(future)
 

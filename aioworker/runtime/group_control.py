@@ -58,6 +58,12 @@ class GroupControl:
 
     # -- requests -----------------------------------------------------------------------------
 
+    def set_timeout(self, request_id: str, timeout_s: float) -> None:
+        """Abort the request `timeout_s` from now if it is still open."""
+        reason = f"timed out: its deadline of {timeout_s:g}s passed"
+        timer = asyncio.get_running_loop().call_later(timeout_s, self.abort, request_id, reason)
+        self.requests.set_deadline(request_id, timer)
+
     def abort(self, request_id: str, reason: str) -> bool:
         if not self.requests.abort(request_id, reason):
             return False

@@ -14,7 +14,7 @@ import zmq
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
 from aioworker.wire.protocol import Heartbeat, encode
-from aioworker.wire.transport import make_socket
+from aioworker.wire.transport import make_socket, remove_ipc_file
 
 
 class ServingInfo(NamedTuple):
@@ -81,6 +81,7 @@ class HeartbeatThread:
         self, source: HeartbeatSource, endpoint: str, options: Mapping[int, int | bytes] | None
     ) -> None:
         self.source = source
+        self.endpoint = endpoint
         self._context = zmq.Context()
         try:
             self._sock = make_socket(self._context, zmq.PUB, bind=endpoint, options=options)
@@ -120,3 +121,4 @@ class HeartbeatThread:
     def _close(self) -> None:
         self._sock.close(linger=500)  # let the last beat leave
         self._context.term()
+        remove_ipc_file(self.endpoint)

@@ -30,6 +30,8 @@ from aioworker.wire.security import client_key_of
 
 log = logging.getLogger(__name__)
 
+# The longest deadline a request may ask for: a week; longer is a typo.
+MAX_REQUEST_TIMEOUT_S = 7 * 86400.0
 # Frames taken from a socket before other coroutines get a turn.
 YIELD_EVERY = 32
 
@@ -129,6 +131,8 @@ class RequestIntake:
         if error is not None:
             self.requests.send_terminal(client, message.request_id, FinishReason.ERROR, error)
             return
+        if message.timeout_s is not None:
+            self.control.set_timeout(message.request_id, message.timeout_s)
         self.control.wake()
 
     def refusal(self, message: SubmitRequest) -> str | None:
@@ -142,6 +146,9 @@ class RequestIntake:
             return "worker has released its memory (admin release-memory); retry later or on another group"
         if not message.request_id or len(message.request_id) > MAX_REQUEST_ID_LENGTH:
             return f"request_id must have 1 to {MAX_REQUEST_ID_LENGTH} characters"
+        timeout = message.timeout_s
+        if timeout is not None and not 0 < timeout <= MAX_REQUEST_TIMEOUT_S:
+            return f"timeout_s is {timeout}; it must be in (0, {MAX_REQUEST_TIMEOUT_S:g}] seconds"
         return None
 
     def reject_frame(

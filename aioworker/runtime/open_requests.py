@@ -3,6 +3,7 @@ terminal output. Every request gets exactly one."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ class Request:
     client: ClientAddress
     arrival: float  # time.monotonic() at admission
     first_token_at: float | None = None
+    deadline: asyncio.TimerHandle | None = None  # aborts the request when its time is up
 
 
 class OpenRequests:
@@ -120,7 +122,12 @@ class OpenRequests:
         if self.metrics is not None:
             self.metrics.ttft.observe(request.first_token_at - request.arrival)
 
+    def set_deadline(self, request_id: str, timer: asyncio.TimerHandle) -> None:
+        self._requests[request_id].deadline = timer
+
     def _on_finished(self, request_id: str, reason: FinishReason) -> None:
         request = self._requests.pop(request_id)
+        if request.deadline is not None:
+            request.deadline.cancel()
         if self.metrics is not None:
             self.metrics.on_finished(request.arrival, reason)

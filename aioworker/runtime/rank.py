@@ -23,7 +23,7 @@ from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed
 from aioworker.runtime.progress import StepProgress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
-from aioworker.wire.transport import group_endpoints, make_socket
+from aioworker.wire.transport import group_endpoints, make_socket, remove_ipc_file
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Rank:
         self.concerns = Concerns(self.lifecycle)
         self.executor: Executor | None = None
         self._sockets: list[zmq.asyncio.Socket] = []
+        self._bound: list[str] = []  # endpoints this rank bound: ipc files to remove at exit
         self._beats: HeartbeatThread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -138,6 +139,8 @@ class Rank:
         for sock in self._sockets:
             sock.close(linger=0)
         self.context.term()
+        for endpoint in self._bound:
+            remove_ipc_file(endpoint)
 
     def is_progressing(self) -> bool:
         """What the systemd watchdog asks: not stopped, and no step hung."""
@@ -151,6 +154,8 @@ class Rank:
         kwargs.setdefault("max_message_bytes", self.config.runtime.max_message_bytes)
         sock = make_socket(self.context, kind, **kwargs)
         self._sockets.append(sock)
+        if kwargs.get("bind"):
+            self._bound.append(kwargs["bind"])
         return sock
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:

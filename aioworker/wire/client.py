@@ -23,8 +23,10 @@ import zmq
 import zmq.asyncio
 
 from aioworker.config import WorkerConfig
-from aioworker.core.outputs import Completion, RequestOutput
+from aioworker.core.outputs import Completion, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.group_watch import GroupWatch
+from aioworker.wire.health import STALE_AFTER_INTERVALS
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
@@ -38,7 +40,9 @@ from aioworker.wire.transport import (
     all_group_endpoints,
     bound_endpoint,
     client_reply_endpoint,
+    driver_heartbeat_endpoint,
     make_socket,
+    remove_ipc_file,
 )
 
 log = logging.getLogger(__name__)
@@ -65,19 +69,35 @@ class RequestStream:
         return out
 
 
+# A request with a deadline ends here this long after it, if its group has not ended it.
+DEADLINE_GRACE_S = 2.0
+
+
 class Client:
     def __init__(
         self,
         task_endpoints: list[str],
         reply_endpoint: str,
         security: ClientSecurity | None = None,
+        heartbeat_endpoints: list[str] | None = None,
+        first_beat_timeout_s: float = 5.0,
+        heartbeat_interval_s: float = 1.0,
     ) -> None:
+        """`heartbeat_endpoints`: each group's driver heartbeat (by default derived from its
+        task endpoint); a group silent for 3 intervals, or with no beat within
+        `first_beat_timeout_s`, has its open requests ended with an error."""
         if not task_endpoints:
             raise ValueError("a client needs at least one group's task endpoint")
         self.task_endpoints = task_endpoints
         self.reply_endpoint = reply_endpoint
         self.security = security or ClientSecurity()
+        self.heartbeat_endpoints = heartbeat_endpoints or [
+            driver_heartbeat_endpoint(e) for e in task_endpoints
+        ]
+        self.first_beat_timeout_s = first_beat_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._owner: dict[str, int] = {}
         self._in_flight = [0] * len(task_endpoints)
         self._round_robin = itertools.cycle(range(len(task_endpoints)))
@@ -94,6 +114,9 @@ class Client:
             [g.tasks for g in groups],
             client_reply_endpoint(config.runtime),
             ClientSecurity.from_config(config),
+            [g.heartbeats[0] for g in groups],
+            max(2.0, STALE_AFTER_INTERVALS * config.runtime.heartbeat_interval_s),
+            config.runtime.heartbeat_interval_s,
         )
 
     async def start(self) -> None:
@@ -115,18 +138,39 @@ class Client:
             )
             for e in self.task_endpoints
         ]
-        self._reader = asyncio.ensure_future(self._read_results())
+        self._watch = GroupWatch(
+            self._context,
+            self.heartbeat_endpoints,
+            self.security,
+            self.first_beat_timeout_s,
+            self._on_group_lost,
+            self.heartbeat_interval_s,
+        )
+        self._tasks = [
+            asyncio.ensure_future(self._read_results()),
+            asyncio.ensure_future(self._watch.run()),
+        ]
         self._started = True
 
     async def close(self) -> None:
+        """Abort what is still open (nobody will read it), close the sockets, and remove this
+        client's ipc socket file."""
         if not self._started:
             return
-        self._reader.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
-        for sock in [self._results, *self._pushes]:
-            sock.close(linger=0)
+        for request_id in list(self._queues):
+            self._send_abort(request_id)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for handle in self._deadlines.values():
+            handle.cancel()
+        self._watch.close()
+        self._results.close(linger=0)
+        for sock in self._pushes:
+            sock.close(linger=500)  # let the aborts leave
         stop_authenticator(self._authenticator)
         self._context.term()
+        remove_ipc_file(self.reply_endpoint)
         self._started = False
 
     async def __aenter__(self) -> Client:
@@ -144,8 +188,11 @@ class Client:
         params: SamplingParams,
         request_id: str | None = None,
         group: int | None = None,
+        timeout_s: float | None = None,
     ) -> RequestStream:
-        """Send a request; the stream yields its outputs and ends after the terminal one."""
+        """Send a request; the stream yields its outputs and ends after the terminal one. With
+        `timeout_s` the group aborts it past that deadline (and this client ends it, should the
+        group not answer)."""
         await self.start()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -160,9 +207,18 @@ class Client:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             reply_to=self.reply_endpoint,
+            timeout_s=timeout_s,
         )
+        stream = RequestStream(request_id, group, queue)
+        if self._watch.is_lost[group]:
+            self._end(request_id, f"group {group} is lost: no heartbeat; request not sent")
+            return stream
+        if timeout_s is not None:
+            self._deadlines[request_id] = asyncio.get_running_loop().call_later(
+                timeout_s + DEADLINE_GRACE_S, self._expire, request_id, timeout_s
+            )
         await self._pushes[group].send_multipart(encode(message))
-        return RequestStream(request_id, group, queue)
+        return stream
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
@@ -178,6 +234,32 @@ class Client:
         group = self._owner.get(request_id)
         if group is not None:
             await self._pushes[group].send_multipart(encode(AbortRequest(request_id=request_id)))
+
+    def _send_abort(self, request_id: str) -> None:
+        """Best effort, without waiting: the group may be gone."""
+        group = self._owner.get(request_id)
+        if group is None:
+            return
+        try:
+            frames = encode(AbortRequest(request_id=request_id))
+            zmq.Socket.shadow(self._pushes[group].underlying).send_multipart(
+                frames, flags=zmq.NOBLOCK
+            )
+        except zmq.ZMQError:
+            pass
+
+    def _end(self, request_id: str, reason: str) -> None:
+        """End a request here, with an error its stream sees, and ask its group to abort it."""
+        self._send_abort(request_id)
+        self._deliver(RequestOutput(request_id, [], FinishReason.ERROR, reason))
+
+    def _on_group_lost(self, group: int, reason: str) -> None:
+        for request_id in [rid for rid, owner in self._owner.items() if owner == group]:
+            self._end(request_id, reason)
+
+    def _expire(self, request_id: str, timeout_s: float) -> None:
+        self._deadlines.pop(request_id, None)
+        self._end(request_id, f"no terminal output within the deadline of {timeout_s:g}s")
 
     @property
     def num_in_flight(self) -> int:
@@ -218,3 +300,6 @@ class Client:
             del self._queues[out.request_id]
             owner = self._owner.pop(out.request_id)
             self._in_flight[owner] -= 1
+            deadline = self._deadlines.pop(out.request_id, None)
+            if deadline is not None:
+                deadline.cancel()

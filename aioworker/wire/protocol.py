@@ -45,6 +45,8 @@ class SubmitRequest(_Message, tag="submit"):
     params: SamplingParams
     # Where the driver PUSHes this request's outputs (the client's bound PULL endpoint).
     reply_to: str
+    # Seconds after admission when the group aborts the request, finished or not.
+    timeout_s: float | None = None
 
 
 class AbortRequest(_Message, tag="abort"):

@@ -7,6 +7,7 @@ is refused instead of silently taking the socket over.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -92,6 +93,21 @@ def group_endpoints(runtime: RuntimeOptions, group: int, tp_size: int) -> GroupE
         dist_init=dist_init,
         heartbeats=tuple(addr(_HEARTBEAT0 + r) for r in range(tp_size)),
     )
+
+
+def driver_heartbeat_endpoint(task_endpoint: str) -> str:
+    """Where the driver that binds `task_endpoint` beats (the layout of group_endpoints)."""
+    if task_endpoint.startswith("ipc://"):
+        return task_endpoint.removesuffix("-tasks") + "-heartbeat-r0"
+    host, _, port = task_endpoint.rpartition(":")
+    return f"{host}:{int(port) - _TASKS + _HEARTBEAT0}"
+
+
+def remove_ipc_file(endpoint: str) -> None:
+    """Remove the socket file of an ipc endpoint this process bound and closed."""
+    if endpoint.startswith("ipc://"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(endpoint.removeprefix("ipc://"))
 
 
 def all_group_endpoints(

@@ -10,6 +10,7 @@ from pathlib import Path
 import zmq.asyncio
 
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import Client
 from tests.runtime.inprocess import RawClient, expected_tokens, inprocess_config, run
 
 
@@ -89,3 +90,42 @@ def test_a_client_that_vanishes_has_its_requests_aborted_and_blocks_freed(
     (waited, used_blocks), group = run(scenario, config, step_seconds=0.01)
     assert used_blocks == 0
     assert waited < 0.5 + 1.0  # the timeout, and a second of slack
+
+
+def test_a_deadline_aborts_the_request_in_the_group(inproc_config) -> None:
+    async def scenario(group, client):
+        stream = await client.submit([1, 2], SamplingParams(max_tokens=100000), timeout_s=0.3)
+        outputs = [out async for out in stream]
+        return outputs, group.used_blocks
+
+    (outputs, used_blocks), _ = run(scenario, inproc_config, step_seconds=0.01)
+    assert outputs[-1].finish_reason == "abort" and "deadline of 0.3s" in outputs[-1].error
+    assert used_blocks == 0
+
+
+def test_a_client_that_closes_with_streams_open_aborts_them(inproc_config) -> None:
+    async def scenario(group, client):
+        other = Client.from_config(group.config)
+        streams = [await other.submit([1, 2], SamplingParams(max_tokens=100000)) for _ in range(5)]
+        await streams[0].__anext__()
+        reply_file = Path(other.reply_endpoint.removeprefix("ipc://"))
+        await other.close()
+        closed_at = asyncio.get_running_loop().time()
+        while group.driver.control.requests:
+            await asyncio.sleep(0.01)
+        return asyncio.get_running_loop().time() - closed_at, reply_file.exists()
+
+    (waited, file_left), group = run(scenario, inproc_config, step_seconds=0.01)
+    assert waited < 0.5  # aborted at once, not after client_timeout_s (5 s)
+    assert not file_left and group.used_blocks == 0
+
+
+def test_a_rank_removes_its_ipc_socket_files(tmp_path: Path) -> None:
+    config = inprocess_config(tmp_path)
+
+    async def scenario(group, client):
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    during, _ = run(scenario, config)
+    assert any(name.endswith("-tasks") for name in during)
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,92 @@
+"""A client's watch over the groups it sends to: each group's driver heartbeat, read from its
+PUB socket. A group that has not beaten for STALE_AFTER_INTERVALS of its intervals (or never
+beat within the first-beat allowance) is lost, and the client ends its open requests with an
+error instead of waiting for outputs that will not come."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
+from aioworker.wire.security import ClientSecurity
+from aioworker.wire.transport import make_socket
+
+log = logging.getLogger(__name__)
+
+
+class GroupWatch:
+    def __init__(
+        self,
+        context: zmq.asyncio.Context,
+        heartbeat_endpoints: list[str],
+        security: ClientSecurity,
+        first_beat_timeout_s: float,
+        on_lost: Callable[[int, str], None],
+        interval_s: float = 1.0,
+    ) -> None:
+        """`interval_s`: the beat interval expected until a group's first beat says its own."""
+        self.sockets = [
+            make_socket(
+                context,
+                zmq.SUB,
+                connect=endpoint,
+                options={zmq.SUBSCRIBE: b"", **security.connect_options(endpoint)},
+                max_message_bytes=1 << 20,
+            )
+            for endpoint in heartbeat_endpoints
+        ]
+        self.on_lost = on_lost
+        started = time.monotonic()
+        self.deadlines = [started + first_beat_timeout_s] * len(heartbeat_endpoints)
+        self.intervals = [interval_s] * len(heartbeat_endpoints)
+        self.is_lost = [False] * len(heartbeat_endpoints)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.intervals) / 4)
+            now = time.monotonic()
+            for group, sock in enumerate(self.sockets):
+                self._read_beats(group, zmq.Socket.shadow(sock.underlying), now)
+                self._check(group, now)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)
+
+    def _read_beats(self, group: int, sock: zmq.Socket, now: float) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                beat = HEARTBEAT_DECODER.decode(frames)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed heartbeat of group %d: %s", group, exc)
+                continue
+            if beat.rank != 0:
+                continue
+            self.intervals[group] = beat.interval_s
+            if beat.state == RankState.FAILED:
+                self._lose(group, f"group {group} failed: {beat.detail}")
+                continue
+            self.deadlines[group] = now + STALE_AFTER_INTERVALS * beat.interval_s
+            self.is_lost[group] = False
+
+    def _check(self, group: int, now: float) -> None:
+        if not self.is_lost[group] and now > self.deadlines[group]:
+            silent = STALE_AFTER_INTERVALS * self.intervals[group]
+            self._lose(group, f"group {group} is lost: no heartbeat for {silent:.1f}s")
+
+    def _lose(self, group: int, reason: str) -> None:
+        if not self.is_lost[group]:
+            self.is_lost[group] = True
+            log.warning("%s; ending its requests", reason)
+        self.on_lost(group, reason)
