@@ -47,11 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aioworker.wire.transport import group_endpoints
+
     try:
         config = config_from_args(args)
-    except ConfigError as exc:
+        tp = config.parallel.tensor_parallel_size
+        dist_init = group_endpoints(config.runtime, args.rank // tp, tp).dist_init
+    except ConfigError as exc:  # an unsafe runtime directory too
         return fail(str(exc))
-    tp = config.parallel.tensor_parallel_size
     if not 0 <= args.rank < config.world_size:
         return fail(f"--rank {args.rank} is outside this deployment's {config.world_size} rank(s)")
     group, local_rank = divmod(args.rank, tp)
@@ -65,9 +68,6 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config, f"{group}.{local_rank}", args.log_level)
 
     from aioworker.runtime.rank_main import run_rank
-    from aioworker.wire.transport import group_endpoints
-
-    dist_init = group_endpoints(config.runtime, group, tp).dist_init
 
     def build(report_phase):
         if args.fake_executor:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from aioworker.config import WorkerConfig
+from aioworker.config import ConfigError, WorkerConfig
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.concerns import Concerns
@@ -23,7 +23,12 @@ from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed
 from aioworker.runtime.progress import StepProgress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
-from aioworker.wire.transport import group_endpoints, make_socket, remove_ipc_file
+from aioworker.wire.transport import (
+    EndpointInUseError,
+    group_endpoints,
+    make_socket,
+    remove_ipc_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,10 @@ class Rank:
             await self.lifecycle.stopped.wait()
         except FatalError as exc:
             self.lifecycle.fail(exc.code, str(exc))
+        except EndpointInUseError as exc:  # a second instance: one line, no traceback
+            self.lifecycle.fail(ExitCode.FAILED, str(exc))
+        except ConfigError as exc:
+            self.lifecycle.fail(ExitCode.USAGE, str(exc))
         except Exception as exc:
             log.exception("rank %d of group %d failed", self.index, self.group)
             self.lifecycle.fail(ExitCode.FAILED, f"{type(exc).__name__}: {exc}")

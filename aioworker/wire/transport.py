@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from aioworker.config import RuntimeOptions
+from aioworker.config import ConfigError, RuntimeOptions
 
 # tcp port offsets inside a group's block of ports.
 _TASKS, _ADMIN, _CONTROL, _ACKS, _DIST, _HEARTBEAT0 = range(6)
@@ -27,6 +27,10 @@ _TASKS, _ADMIN, _CONTROL, _ACKS, _DIST, _HEARTBEAT0 = range(6)
 
 class EndpointInUseError(RuntimeError):
     """Another live process already serves this endpoint."""
+
+
+class UnsafeRuntimeDirectory(ConfigError):
+    """The ipc runtime directory is not this user's alone (a configuration error: exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def runtime_directory(runtime: RuntimeOptions) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(
+        raise UnsafeRuntimeDirectory(
             f"runtime directory {path} must be owned by uid {os.getuid()} with mode 0700 "
             f"(it is uid {info.st_uid}, mode {oct(info.st_mode & 0o777)}); fix it or set runtime.runtime_dir"
         )
