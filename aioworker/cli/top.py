@@ -5,6 +5,7 @@ torch-free and quick to start."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ import zmq
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import (
     STALE_AFTER_INTERVALS,
     BeatTable,
@@ -26,6 +28,8 @@ from aioworker.wire.health import (
 )
 from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
 from aioworker.wire.transport import all_group_endpoints
+
+log = logging.getLogger(__name__)
 
 CLEAR_SCREEN = "\x1b[2J\x1b[H"
 # --once waits this many heartbeat intervals (at least ONCE_MIN_WAIT_S) for every rank to beat.
@@ -148,6 +152,7 @@ class BeatReceiver:
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         for endpoint in endpoints:
             self.sock.connect(endpoint)
+        self.malformed = DropCounter(log, "malformed heartbeats")
 
     def receive(self, timeout_s: float) -> Heartbeat | None:
         """The next beat, or None after `timeout_s` (or on a frame that is not a heartbeat)."""
@@ -156,7 +161,8 @@ class BeatReceiver:
         frames = self.sock.recv_multipart()
         try:
             return HEARTBEAT_DECODER.decode(frames)
-        except ProtocolError:
+        except ProtocolError as exc:
+            self.malformed.count(str(exc))
             return None
 
     def __enter__(self) -> BeatReceiver:

@@ -12,10 +12,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.group_control import GroupControl
 from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.wire.admin_commands import LOG_LEVELS, LONG_COMMANDS
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
 from aioworker.wire.protocol import ADMIN_DECODER, AdminReply, AdminRequest, ProtocolError, encode
 

@@ -15,7 +15,6 @@ from aioworker.core.engine_core import EngineCore
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.admin import AdminHandler
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.group_control import GroupControl
 from aioworker.runtime.heartbeat import ServingInfo
 from aioworker.runtime.hung import watch_for_hung_steps
@@ -30,6 +29,7 @@ from aioworker.runtime.results import ResultSender
 from aioworker.runtime.state import ExitCode
 from aioworker.runtime.stats import RecentMean
 from aioworker.runtime.weights import WeightsCoordinator
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
 from aioworker.wire.security import ServerSecurity, stop_authenticator
 
@@ -212,6 +212,7 @@ class Driver:
             "num_tokens_generated": rank.progress.num_tokens_generated,
             "num_rejected_frames": self.rejected.total,
             "num_dropped_outputs": self.results.drops.total if self.results else 0,
+            "num_unsent_control": self.peers.unsent.total if self.peers else 0,
             "loop_us_per_step": round(self.loop_time.mean * 1e6, 1),
             "loop_cpu_us_per_step": round(self.loop_cpu_time.mean * 1e6, 1),
             "weights_version": info.weights_version,

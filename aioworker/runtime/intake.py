@@ -13,10 +13,10 @@ import zmq.asyncio
 from aioworker.config import RuntimeOptions
 from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import InvalidRequestError
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.group_control import GroupControl
 from aioworker.runtime.recorder import Recorder
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
 from aioworker.wire.protocol import (
     MAX_REQUEST_ID_LENGTH,

@@ -10,9 +10,9 @@ import time
 import zmq
 import zmq.asyncio
 
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.state import ExitCode
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
 

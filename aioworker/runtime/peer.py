@@ -15,13 +15,13 @@ from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan
 from aioworker.core.weights_phase import WeightsPhase
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.heartbeat import ServingInfo
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
 from aioworker.runtime.rank import Rank
 from aioworker.runtime.state import ExitCode
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
 from aioworker.wire.protocol import (
     CONTROL_DECODER,
@@ -47,6 +47,7 @@ class Peer:
         self.weights_version = 0
         self.in_flight: collections.deque[float] = collections.deque()  # submit times, in order
         self.rejected = DropCounter(log, "malformed control frames")
+        self.unsent = DropCounter(log, "reports the driver may not have received")
 
     # -- the rank role ------------------------------------------------------------------------
 
@@ -136,8 +137,8 @@ class Peer:
         message = PeerFailed(rank=self.rank.index, step_id=step_id, reason=reason)
         try:  # queued at once (NOBLOCK): the rank is about to stop
             self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        except zmq.ZMQError as exc:
+            self.unsent.count(f"step {step_id} failure report: {exc}")
         self.rank.lifecycle.fail(ExitCode.FAILED, f"step {step_id} failed: {reason}")
 
     async def run_weights_phase(self, phase: WeightsPhase) -> None:
@@ -163,5 +164,5 @@ class Peer:
         message = PeerFailed(rank=self.rank.index, step_id=step_id, reason=reason)
         try:
             await self.acks.send_multipart(encode(message), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        except zmq.ZMQError as exc:
+            self.unsent.count(f"step {step_id} failure report: {exc}")

@@ -12,11 +12,11 @@ import zmq
 from aioworker.core.executor import Executor
 from aioworker.core.plan import StepPlan
 from aioworker.core.weights_phase import WeightsPhase
-from aioworker.runtime.drops import DropCounter
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
 from aioworker.runtime.rank import Rank
 from aioworker.runtime.state import ExitCode
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.protocol import (
     ACK_DECODER,
     PeerFailed,
@@ -42,6 +42,7 @@ class PeerGroup:
         self.rank = rank
         self.size = rank.config.parallel.tensor_parallel_size
         self.rejected = rejected
+        self.unsent = DropCounter(log, "messages the peers may not have received")
         self.weights_acks: asyncio.Queue[WeightsAck] = asyncio.Queue()
         self.phase_timeout_s = PHASE_TIMEOUT_S
         self.control = self.acks = None
@@ -122,8 +123,8 @@ class PeerGroup:
         try:
             message = Shutdown(reason=reason, failed=failed)
             await self.control.send_multipart(encode(message), flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        except zmq.ZMQError as exc:
+            self.unsent.count(f"Shutdown: {exc}")
 
     # -- internals ----------------------------------------------------------------------------
 

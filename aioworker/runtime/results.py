@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from aioworker.runtime.drops import DropCounter
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.protocol import encode
 
 log = logging.getLogger(__name__)

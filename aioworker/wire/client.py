@@ -25,6 +25,7 @@ import zmq.asyncio
 from aioworker.config import WorkerConfig
 from aioworker.core.outputs import Completion, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
 from aioworker.wire.health import STALE_AFTER_INTERVALS
 from aioworker.wire.protocol import (
@@ -104,6 +105,7 @@ class Client:
         self._started = False
         # Outputs for requests that had already ended: must stay 0 (one terminal output each).
         self.num_unexpected_outputs = 0
+        self.unsent = DropCounter(log, "aborts the groups may not have received")
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> Client:
@@ -245,8 +247,8 @@ class Client:
             zmq.Socket.shadow(self._pushes[group].underlying).send_multipart(
                 frames, flags=zmq.NOBLOCK
             )
-        except zmq.ZMQError:
-            pass
+        except zmq.ZMQError as exc:
+            self.unsent.count(f"abort of {request_id}: {exc}")
 
     def _end(self, request_id: str, reason: str) -> None:
         """End a request here, with an error its stream sees, and ask its group to abort it."""

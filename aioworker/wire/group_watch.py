@@ -13,6 +13,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
 from aioworker.wire.security import ClientSecurity
@@ -47,6 +48,7 @@ class GroupWatch:
         self.deadlines = [started + first_beat_timeout_s] * len(heartbeat_endpoints)
         self.intervals = [interval_s] * len(heartbeat_endpoints)
         self.is_lost = [False] * len(heartbeat_endpoints)
+        self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
         while True:
@@ -69,7 +71,7 @@ class GroupWatch:
             try:
                 beat = HEARTBEAT_DECODER.decode(frames)
             except ProtocolError as exc:
-                log.warning("dropped a malformed heartbeat of group %d: %s", group, exc)
+                self.malformed.count(f"group {group}: {exc}")
                 continue
             if beat.rank != 0:
                 continue
