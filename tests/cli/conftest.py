@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -26,16 +27,22 @@ def loading_worker(workers: Workers) -> Worker:
 
 
 @pytest.fixture(scope="module")
-def draining_worker(workers: Workers) -> Worker:
+def draining_worker(workers: Workers):
     """A worker told to drain with a long deadline while a slow request runs: it beats DRAINING
-    (and refuses every new request) until the module's tests are done."""
+    (and refuses every new request) until the module's tests are done. The request's client
+    reads its outputs on a thread meanwhile: a client that stops reading is given up."""
     worker = start_slow_worker(workers)
-    asyncio.run(submit_long_request(worker))
+    running, stop = threading.Event(), threading.Event()
+    reader = threading.Thread(target=asyncio.run, args=(read_long_request(worker, running, stop),))
+    reader.start()
+    assert running.wait(30)
     drain = AdminRequest(command="drain", argument="600")
     result = send(worker.config, 0, drain, timeout_s=5.0)
     assert result.reply.ok, result.reply.message
     wait_for_state(worker, "DRAINING")
-    return worker
+    yield worker
+    stop.set()
+    reader.join(30)
 
 
 def start_slow_worker(workers: Workers) -> Worker:
@@ -51,8 +58,13 @@ def start_slow_worker(workers: Workers) -> Worker:
     return worker
 
 
-async def submit_long_request(worker: Worker) -> None:
-    """Submit LONG_REQUEST and return once it runs; it goes on after the client closes."""
+async def read_long_request(
+    worker: Worker, running: threading.Event, stop: threading.Event
+) -> None:
+    """Run LONG_REQUEST, reading its outputs, until `stop` is set."""
     async with Client.from_config(worker.config) as client:
         stream = await client.submit([1, 2, 3], LONG_REQUEST)
         await stream.__anext__()
+        running.set()
+        while not stop.is_set():
+            await asyncio.wait_for(stream.__anext__(), 30)
