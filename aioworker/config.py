@@ -110,11 +110,19 @@ class SecurityOptions(_Section):
     # This deployment's server key pair: the secret file must not be readable by others.
     server_secret_key_file: str = ""
     server_public_key_file: str = ""
-    # Directory of *.key public key files of the clients allowed in.
+    # Directory of *.key public key files of the clients allowed in (requests, heartbeats).
     authorized_clients_dir: str = ""
+    # Directory of *.key public key files allowed to send admin commands (and what clients
+    # may). Empty: admin commands over tcp are refused.
+    admin_clients_dir: str = ""
     # What a client (aioworker generate/admin, the client library) presents.
     client_secret_key_file: str = ""
     client_public_key_file: str = ""
+    # Hosts a request's reply_to may name over tcp; empty: only the address its request came
+    # from. The worker never connects where no client asked from.
+    reply_hosts: list[str] = []
+    # tcp on an address other machines reach, with no keys above: refused unless this is true.
+    allow_insecure: bool = False
 
 
 class WorkerConfig(_Section):

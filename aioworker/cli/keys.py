@@ -1,5 +1,5 @@
-"""`aioworker keys DIR`: write a server and a client CURVE key pair (zmq.auth's z85 files) for a
-tcp deployment, and print the [security] lines that use them. Torch-free."""
+"""`aioworker keys DIR`: write a server, a client and an admin CURVE key pair (zmq.auth's z85
+files) for a tcp deployment, and print the [security] lines that use them. Torch-free."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import zmq.auth
 from aioworker.cli.common import fail
 
 AUTHORIZED_CLIENTS = "authorized_clients"
+ADMIN_CLIENTS = "admin_clients"
+ADMIN = "admin"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ class KeyFiles:
     client_public: Path
     client_secret: Path
     authorized_clients_dir: Path
+    admin_clients_dir: Path
+    # The admin pair: what an operator's tools present (admin commands need it).
+    admin_public: Path
+    admin_secret: Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,48 +46,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write one more client pair into DIR, beside an existing server pair, and authorize it",
     )
+    parser.add_argument(
+        "--admin",
+        action="store_true",
+        help="with --client-only: authorize the new pair for admin commands too (admin_clients/)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        files = write_keys(Path(args.directory), args.client, args.client_only)
+        files = write_keys(Path(args.directory), args.client, args.client_only, args.admin)
     except (OSError, ValueError) as exc:
         return fail(str(exc))
-    print(describe(files, args.client_only))
+    print(describe(files, args.client_only, args.admin))
     return 0
 
 
-def write_keys(directory: Path, client: str, client_only: bool = False) -> KeyFiles:
-    """Write the pairs (secret files 0600) and copy the client's public key into
-    DIR/authorized_clients; existing files are never overwritten."""
+def write_keys(
+    directory: Path, client: str, client_only: bool = False, admin: bool = False
+) -> KeyFiles:
+    """Write the pairs (secret files 0600): the server's, the client's (its public key copied
+    into DIR/authorized_clients, or DIR/admin_clients with `admin`), and, for a new deployment,
+    an admin pair in DIR/admin_clients. Existing files are never overwritten."""
     if not client or "/" in client or client.startswith("."):
         raise ValueError(f"--client {client!r} must be a plain file name")
-    if client == "server":
-        raise ValueError("--client server would overwrite the server pair; choose another name")
+    if client in ("server", ADMIN):
+        raise ValueError(
+            f"--client {client} would overwrite a pair of its own; choose another name"
+        )
     directory = directory.expanduser().absolute()
-    authorized = directory / AUTHORIZED_CLIENTS
     files = KeyFiles(
         directory / "server.key",
         directory / "server.key_secret",
         directory / f"{client}.key",
         directory / f"{client}.key_secret",
-        authorized,
+        directory / AUTHORIZED_CLIENTS,
+        directory / ADMIN_CLIENTS,
+        directory / f"{ADMIN}.key",
+        directory / f"{ADMIN}.key_secret",
     )
-    new_files = [files.client_public, files.client_secret, authorized / files.client_public.name]
+    client_dir = files.admin_clients_dir if admin else files.authorized_clients_dir
+    pairs = (
+        {client: client_dir}
+        if client_only
+        else {client: client_dir, ADMIN: files.admin_clients_dir}
+    )
+    _check_new(directory, files, pairs, client_only)
+    for path in (directory, files.authorized_clients_dir, files.admin_clients_dir):
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not client_only:
+        _create_pair(directory, "server")
+    for name, admitted_in in pairs.items():
+        _create_pair(directory, name)
+        shutil.copyfile(directory / f"{name}.key", admitted_in / f"{name}.key")
+    return files
+
+
+def _check_new(directory: Path, files: KeyFiles, pairs: dict[str, Path], client_only: bool) -> None:
     if client_only and not files.server_public.is_file():
         raise ValueError(f"{files.server_public} does not exist; run `aioworker keys {directory}`")
-    if not client_only:
-        new_files += [files.server_public, files.server_secret]
+    new_files = [] if client_only else [files.server_public, files.server_secret]
+    for name, admitted_in in pairs.items():
+        new_files += [directory / f"{name}.key", directory / f"{name}.key_secret"]
+        new_files.append(admitted_in / f"{name}.key")
     for path in new_files:
         if path.exists():
             raise ValueError(f"{path} already exists; remove it or choose another DIR or --client")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    authorized.mkdir(mode=0o700, exist_ok=True)
-    if not client_only:
-        _create_pair(directory, "server")
-    _create_pair(directory, client)
-    shutil.copyfile(files.client_public, authorized / files.client_public.name)
-    return files
 
 
 def _create_pair(directory: Path, name: str) -> None:
@@ -97,16 +127,18 @@ def _create_pair(directory: Path, name: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def describe(files: KeyFiles, client_only: bool = False) -> str:
+def describe(files: KeyFiles, client_only: bool = False, admin: bool = False) -> str:
+    admitted_in = files.admin_clients_dir if admin else files.authorized_clients_dir
     rows = [
         (files.client_secret, "client secret key (0600): for the client only"),
         (files.client_public, "client public key"),
-        (files.authorized_clients_dir / files.client_public.name, "the client, authorized"),
+        (admitted_in / files.client_public.name, "the client, authorized"),
     ]
     settings = [
         ("server_secret_key_file", files.server_secret),
         ("server_public_key_file", files.server_public),
         ("authorized_clients_dir", files.authorized_clients_dir),
+        ("admin_clients_dir", files.admin_clients_dir),
         ("client_secret_key_file", files.client_secret),
         ("client_public_key_file", files.client_public),
     ]
@@ -116,6 +148,10 @@ def describe(files: KeyFiles, client_only: bool = False) -> str:
         rows[:0] = [
             (files.server_secret, "server secret key (0600): for the worker hosts only"),
             (files.server_public, "server public key: every client needs it"),
+        ]
+        rows += [
+            (files.admin_secret, "admin secret key (0600): for operators' tools only"),
+            (files.admin_clients_dir / files.admin_public.name, "the admin, authorized"),
         ]
     width = max(len(str(path)) for path, _ in rows)
     return "\n".join(
@@ -129,5 +165,8 @@ def describe(files: KeyFiles, client_only: bool = False) -> str:
             "",
             'CURVE applies to runtime.transport = "tcp". A client on another host needs only the',
             "server_public_key_file and client_* lines and their files; keep server.key_secret off it.",
+            f"Admin commands need an admin key: an operator's config sets client_secret_key_file = "
+            f"{json.dumps(str(files.admin_secret))}",
+            f"and client_public_key_file = {json.dumps(str(files.admin_public))}.",
         ]
     )

@@ -27,6 +27,7 @@ from aioworker.wire.health import (
     rank_label,
 )
 from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
+from aioworker.wire.security import ClientSecurity
 from aioworker.wire.transport import all_group_endpoints
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         endpoints = heartbeat_endpoints(config)
+        security = ClientSecurity.from_config(config)
     except (ConfigError, OSError) as exc:
         return fail(str(exc))
     if args.interval <= 0 or (args.wait is not None and args.wait <= 0):
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("--ready goes with --check: run `aioworker top --check --ready`")
     parallel = config.parallel
     table = BeatTable(expected_ranks(parallel.tensor_parallel_size, parallel.data_parallel_size))
-    with BeatReceiver(list(endpoints.values())) as receiver:
+    with BeatReceiver(list(endpoints.values()), security) as receiver:
         try:
             return run_mode(args, config, receiver, table, endpoints)
         except KeyboardInterrupt:
@@ -145,11 +147,16 @@ def heartbeat_endpoints(config: WorkerConfig) -> dict[RankKey, str]:
 class BeatReceiver:
     """One SUB socket connected to every rank's heartbeat endpoint."""
 
-    def __init__(self, endpoints: list[str]) -> None:
+    def __init__(self, endpoints: list[str], security: ClientSecurity | None = None) -> None:
+        """With CURVE (tcp and [security]) it presents the client's key: every rank of a
+        deployment shares one server key, so one set of options serves every endpoint."""
         self.context = zmq.Context()
         self.sock = self.context.socket(zmq.SUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        options = (security or ClientSecurity()).connect_options(endpoints[0]) if endpoints else {}
+        for option, value in options.items():
+            self.sock.setsockopt(option, value)
         for endpoint in endpoints:
             self.sock.connect(endpoint)
         self.malformed = DropCounter(log, "malformed heartbeats")

@@ -58,13 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.rank < config.world_size:
         return fail(f"--rank {args.rank} is outside this deployment's {config.world_size} rank(s)")
     group, local_rank = divmod(args.rank, tp)
-    if local_rank == 0:
-        from aioworker.wire.security import ServerSecurity
+    from aioworker.wire.security import ServerSecurity
 
-        try:
-            ServerSecurity.from_config(config)  # key files: a bad one is a config error (exit 2)
-        except ConfigError as exc:
-            return fail(str(exc))
+    try:
+        security = ServerSecurity.from_config(config)  # a bad key file: a config error (exit 2)
+    except ConfigError as exc:
+        return fail(str(exc))
     setup_logging(config, f"{group}.{local_rank}", args.log_level)
 
     from aioworker.runtime.rank_main import run_rank
@@ -94,4 +93,4 @@ def run(args: argparse.Namespace) -> int:
             device_index=args.rank,
         )
 
-    return run_rank(config, group, local_rank, build)
+    return run_rank(config, group, local_rank, build, security)

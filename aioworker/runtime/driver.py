@@ -25,13 +25,14 @@ from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.peer_group import PeerGroup
 from aioworker.runtime.rank import Rank
 from aioworker.runtime.recorder import Recorder
+from aioworker.runtime.reply_policy import ReplyPolicy
 from aioworker.runtime.results import ResultSender
 from aioworker.runtime.state import ExitCode
 from aioworker.runtime.stats import RecentMean
 from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
-from aioworker.wire.security import ServerSecurity, stop_authenticator
+from aioworker.wire.security import Role
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ class Driver:
         self.recorder: Recorder | None = None
         self.peers: PeerGroup | None = None
         self.admin: AdminHandler | None = None
-        self.authenticator = None
         # The loop's own time per step (scheduling, plan publishing, outputs), not the model's.
         self.loop_time = RecentMean()
         self.loop_cpu_time = RecentMean()  # the same, in this thread's CPU time
@@ -60,20 +60,20 @@ class Driver:
 
     def bind(self) -> None:
         rank, runtime = self.rank, self.config.runtime
-        self.security = ServerSecurity.from_config(self.config)
-        # Before the CURVE sockets bind: without a ZAP handler libzmq admits any key.
-        self.authenticator = self.security.start_authenticator(rank.context)
+        security = rank.security
         tasks, admin = rank.endpoints.tasks, rank.endpoints.admin
-        self.tasks = rank.socket(zmq.PULL, bind=tasks, options=self.security.server_options(tasks))
+        self.tasks = rank.socket(
+            zmq.PULL, bind=tasks, options=security.server_options(tasks, Role.CLIENTS)
+        )
         admin_socket = rank.socket(
             zmq.ROUTER,
             bind=admin,
-            options=self.security.server_options(admin),
+            options=security.server_options(admin, Role.ADMIN),
             max_message_bytes=runtime.max_admin_message_bytes,
         )
         self.results = ResultSender(
             runtime.result_hwm,
-            self.security.result_options,
+            security.result_options,
             runtime.max_client_sockets,
             runtime.client_timeout_s,
         )
@@ -98,7 +98,13 @@ class Driver:
         self.weights = WeightsCoordinator(self.control, self.peers)
         self.admin.serve_group(self.control, self.weights)
         intake = RequestIntake(
-            self.tasks, self.control, self.results, self.rejected, runtime, self.recorder
+            self.tasks,
+            self.control,
+            self.results,
+            self.rejected,
+            runtime,
+            ReplyPolicy(self.config),
+            self.recorder,
         )
         rank.lifecycle.move(RankState.READY)
         log.info(
@@ -127,7 +133,6 @@ class Driver:
             self.results.close()
         if self.recorder is not None:
             self.recorder.close()
-        stop_authenticator(self.authenticator)  # before the context terminates
 
     def serving_info(self) -> ServingInfo:
         if self.core is None:

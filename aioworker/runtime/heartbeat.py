@@ -78,16 +78,19 @@ class HeartbeatThread:
     endpoint is refused there."""
 
     def __init__(
-        self, source: HeartbeatSource, endpoint: str, options: Mapping[int, int | bytes] | None
+        self,
+        source: HeartbeatSource,
+        context: zmq.Context,
+        endpoint: str,
+        options: Mapping[int, int | bytes] | None,
     ) -> None:
+        """`context`: the rank's, so its ZAP handler guards this socket too (used here through
+        a plain, thread-side view of it)."""
         self.source = source
         self.endpoint = endpoint
-        self._context = zmq.Context()
-        try:
-            self._sock = make_socket(self._context, zmq.PUB, bind=endpoint, options=options)
-        except BaseException:
-            self._context.term()
-            raise
+        self._sock = make_socket(
+            zmq.Context.shadow(context.underlying), zmq.PUB, bind=endpoint, options=options
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="aioworker-heartbeat", daemon=True)
 
@@ -120,5 +123,4 @@ class HeartbeatThread:
 
     def _close(self) -> None:
         self._sock.close(linger=500)  # let the last beat leave
-        self._context.term()
         remove_ipc_file(self.endpoint)

@@ -15,6 +15,7 @@ from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import InvalidRequestError
 from aioworker.runtime.group_control import GroupControl
 from aioworker.runtime.recorder import Recorder
+from aioworker.runtime.reply_policy import ReplyNotAllowed, ReplyPolicy
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import RankState
@@ -26,7 +27,7 @@ from aioworker.wire.protocol import (
     Rejected,
     SubmitRequest,
 )
-from aioworker.wire.security import client_key_of
+from aioworker.wire.security import client_key_of, peer_address_of
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class RequestIntake:
         results: ResultSender,
         rejected: DropCounter,
         options: RuntimeOptions,
+        reply_policy: ReplyPolicy,
         recorder: Recorder | None = None,
     ) -> None:
         self.tasks = tasks
@@ -59,6 +61,7 @@ class RequestIntake:
         self.rejected = rejected
         self.while_released = options.while_released
         self.recorder = recorder
+        self.reply_policy = reply_policy
         self.max_model_len = control.core.validator.max_model_len
         self.max_frame_bytes = max_task_frame_bytes(self.max_model_len)
 
@@ -87,14 +90,20 @@ class RequestIntake:
             )
             return
         frames, client_key = [frame.bytes for frame in raw], client_key_of(raw[-1])
+        peer_address = peer_address_of(raw[-1])
         if self.recorder is not None:
             self.recorder.write("task", frames)
         try:
             message = TASK_DECODER.decode(frames)
         except ProtocolError as exc:
-            self.reject_frame(frames, exc, client_key)
+            self.reject_frame(frames, exc, client_key, peer_address)
             return
         if isinstance(message, SubmitRequest):
+            try:
+                self.reply_policy.check(message.reply_to, peer_address)
+            except ReplyNotAllowed as exc:  # never connect there, not even to say no
+                self.rejected.count(f"tasks channel: {exc}")
+                return
             self.on_submit(message, client_key)
         elif isinstance(message, AbortRequest):
             self.on_abort(message.request_id, client_key)
@@ -152,13 +161,19 @@ class RequestIntake:
         return None
 
     def reject_frame(
-        self, frames: list[bytes], exc: ProtocolError, client_key: str | None = None
+        self,
+        frames: list[bytes],
+        exc: ProtocolError,
+        client_key: str | None = None,
+        peer_address: str | None = None,
     ) -> None:
-        """A frame that failed to decode: answer its reply_to if one can be read, else count it."""
+        """A frame that failed to decode: answer its reply_to if one can be read (and may be
+        answered), else count it."""
         self.rejected.count(f"tasks channel: {exc}")
         try:
             loose = msgspec.msgpack.decode(frames[-1])
             reply_to, request_id = loose.get("reply_to"), loose.get("request_id")
+            self.reply_policy.check(reply_to, peer_address)
         except Exception:
             return
         if isinstance(reply_to, str) and isinstance(request_id, str):

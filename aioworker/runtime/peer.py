@@ -52,13 +52,16 @@ class Peer:
     # -- the rank role ------------------------------------------------------------------------
 
     def bind(self) -> None:
-        rank, endpoints = self.rank, self.rank.endpoints
-        self.control = rank.socket(zmq.SUB, connect=endpoints.control)
+        rank, endpoints, security = self.rank, self.rank.endpoints, self.rank.security
+        options = security.rank_options(endpoints.control)
+        self.control = rank.socket(zmq.SUB, connect=endpoints.control, options=options)
         self.control.setsockopt(zmq.SUBSCRIBE, b"")
         # A topic no message carries: its arrival at the driver's XPUB says we are subscribed.
         self.control.setsockopt(zmq.SUBSCRIBE, f"rank{rank.index}".encode())
-        self.acks = rank.socket(zmq.PUSH, connect=endpoints.acks)
-        beats = rank.socket(zmq.SUB, connect=endpoints.heartbeats[0], options=SUBSCRIBE_ALL)
+        options = security.rank_options(endpoints.acks)
+        self.acks = rank.socket(zmq.PUSH, connect=endpoints.acks, options=options)
+        beat_options = {**SUBSCRIBE_ALL, **security.rank_options(endpoints.heartbeats[0])}
+        beats = rank.socket(zmq.SUB, connect=endpoints.heartbeats[0], options=beat_options)
         interval = rank.config.runtime.heartbeat_interval_s
         self.liveness = LivenessWatch(beats, {0}, interval, first_beat_grace_s=60.0)
         rank.spawn(self.liveness.run())

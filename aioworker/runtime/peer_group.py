@@ -28,6 +28,7 @@ from aioworker.wire.protocol import (
     WeightsStatus,
     encode,
 )
+from aioworker.wire.security import Role
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,16 @@ class PeerGroup:
 
     def _bind(self, rank: Rank) -> None:
         endpoints = rank.endpoints
-        self.control = rank.socket(zmq.XPUB, bind=endpoints.control)
+        security = rank.security
+        options = security.server_options(endpoints.control, Role.RANKS)
+        self.control = rank.socket(zmq.XPUB, bind=endpoints.control, options=options)
         self.control.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.acks = rank.socket(zmq.PULL, bind=endpoints.acks)
+        options = security.server_options(endpoints.acks, Role.RANKS)
+        self.acks = rank.socket(zmq.PULL, bind=endpoints.acks, options=options)
         peers = list(range(1, self.size))
         peer_beats = [endpoints.heartbeats[r] for r in peers]
-        beats = rank.socket(zmq.SUB, connect=peer_beats, options=SUBSCRIBE_ALL)
+        options = {**SUBSCRIBE_ALL, **security.rank_options(peer_beats[0])}
+        beats = rank.socket(zmq.SUB, connect=peer_beats, options=options)
         interval = rank.config.runtime.heartbeat_interval_s
         self.liveness = LivenessWatch(beats, set(peers), interval, first_beat_grace_s=60.0)
         rank.spawn(self.liveness.run())

@@ -23,6 +23,7 @@ from aioworker.runtime.notify import SystemdNotifier, extend_start_timeout, feed
 from aioworker.runtime.progress import StepProgress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
+from aioworker.wire.security import Role, ServerSecurity, stop_authenticator
 from aioworker.wire.transport import (
     EndpointInUseError,
     group_endpoints,
@@ -62,7 +63,10 @@ class Rank:
         group: int,
         index: int,
         notifier: SystemdNotifier | None = None,
+        security: ServerSecurity | None = None,
     ) -> None:
+        """`security`: from ServerSecurity.from_config (checked by the caller: it raises on a
+        bad key file); None reads it here."""
         self.config = config
         self.group = group
         self.index = index  # this rank's number in its group (0: the driver)
@@ -71,6 +75,7 @@ class Rank:
         )
         self.context = zmq.asyncio.Context()
         self.notifier = notifier if notifier is not None else SystemdNotifier({})
+        self.security = security if security is not None else ServerSecurity.from_config(config)
         self.lifecycle = RankLifecycle(group, index, self.notifier)
         self.progress = StepProgress(config.runtime.hung_step_timeout_s)
         self.concerns = Concerns(self.lifecycle)
@@ -78,6 +83,7 @@ class Rank:
         self._sockets: list[zmq.asyncio.Socket] = []
         self._bound: list[str] = []  # endpoints this rank bound: ipc files to remove at exit
         self._beats: HeartbeatThread | None = None
+        self._authenticator = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -112,11 +118,15 @@ class Rank:
         startup.result()
 
     async def _startup(self, role: RankRole, build: BuildFn) -> None:
+        # Before any CURVE socket binds: without a ZAP handler libzmq admits any key.
+        self._authenticator = self.security.start_authenticator(self.context)
         interval = self.config.runtime.heartbeat_interval_s
         source = HeartbeatSource(
             self.group, self.index, interval, self.lifecycle, self.progress, role.serving_info
         )
-        self._beats = HeartbeatThread(source, self.endpoints.heartbeats[self.index], None)
+        endpoint = self.endpoints.heartbeats[self.index]
+        options = self.security.server_options(endpoint, Role.BEATS)
+        self._beats = HeartbeatThread(source, self.context, endpoint, options)
         self._beats.start()
         if self.notifier.is_enabled:
             self.spawn(extend_start_timeout(self.notifier, self.lifecycle.is_starting))
@@ -147,6 +157,7 @@ class Rank:
             )
         for sock in self._sockets:
             sock.close(linger=0)
+        stop_authenticator(self._authenticator)  # before the context terminates
         self.context.term()
         for endpoint in self._bound:
             remove_ipc_file(endpoint)

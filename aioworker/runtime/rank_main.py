@@ -14,12 +14,19 @@ from aioworker.runtime.driver import Driver
 from aioworker.runtime.notify import SystemdNotifier
 from aioworker.runtime.peer import Peer
 from aioworker.runtime.rank import BuildFn, Rank, RankRole
+from aioworker.wire.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
 
-def run_rank(config: WorkerConfig, group: int, rank_in_group: int, build: BuildFn) -> int:
-    rank = Rank(config, group, rank_in_group, systemd_notifier())
+def run_rank(
+    config: WorkerConfig,
+    group: int,
+    rank_in_group: int,
+    build: BuildFn,
+    security: ServerSecurity | None = None,
+) -> int:
+    rank = Rank(config, group, rank_in_group, systemd_notifier(), security)
     role = Driver(rank) if rank_in_group == 0 else Peer(rank)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_main(rank, role, build))

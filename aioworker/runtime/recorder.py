@@ -6,6 +6,7 @@ socket (as received, malformed ones too) and every output message sent.
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections.abc import Iterator
@@ -25,7 +26,10 @@ class Record(msgspec.Struct, array_like=True, frozen=True):
 
 class Recorder:
     def __init__(self, path: str | Path) -> None:
-        self._file = open(path, "ab", buffering=1 << 20)  # noqa: SIM115 - closed in close()
+        # Owner-only: the recording holds every prompt and output.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # also when the file was there before
+        self._file = os.fdopen(fd, "ab", buffering=1 << 20)
         self._encoder = msgspec.msgpack.Encoder()
 
     def write(self, kind: str, frames: list[bytes]) -> None:

@@ -67,7 +67,8 @@ def send(
     if security.is_enabled:
         message += (
             " With CURVE on, check that security.server_public_key_file is the driver's and "
-            "that this client's .key file is in the driver's authorized_clients_dir."
+            "that this tool's .key file is in the driver's admin_clients_dir (admin commands "
+            "need an admin key)."
         )
     return GroupReply(group, AdminReply(ok=False, message=message), is_reachable=False)
 

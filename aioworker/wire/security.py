@@ -10,20 +10,26 @@ only the driver's key. Torch-free.
 
 from __future__ import annotations
 
+import enum
 import logging
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
-import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.auth.base import Authenticator
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 
-from aioworker.config import ConfigError, SecurityOptions, WorkerConfig
+from aioworker.config import SecurityOptions, WorkerConfig
+from aioworker.wire.keys import (
+    KeyPair,
+    SecurityError,
+    key_directory,
+    load_key_pair,
+    load_public_key,
+    read_authorized_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +37,30 @@ log = logging.getLogger(__name__)
 SocketOptions = dict[int, int | bytes]
 
 
-class SecurityError(ConfigError):
-    """A key file or directory is missing, malformed or readable by others; the message names it."""
+# The [security] settings that hold keys: any of them set turns CURVE on.
+KEY_SETTINGS = (
+    "server_secret_key_file",
+    "server_public_key_file",
+    "authorized_clients_dir",
+    "admin_clients_dir",
+    "client_secret_key_file",
+    "client_public_key_file",
+)
+LOOPBACK_HOSTS = ("localhost", "::1")
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    # Both z85 text, 40 bytes each.
-    public_key: bytes
-    secret_key: bytes
+class Role(enum.StrEnum):
+    """Who a CURVE server socket admits (its ZAP domain)."""
+
+    CLIENTS = "clients"  # the task socket: authorized client keys, and admin keys
+    ADMIN = "admin"  # the admin socket: admin keys only
+    RANKS = "ranks"  # control and acks: the deployment's own (server) key only
+    BEATS = "beats"  # heartbeats: ranks, clients and admins all watch them
 
 
 def is_configured(options: SecurityOptions) -> bool:
     """Any [security] key set turns CURVE on, for every role (a half-configured side fails fast)."""
-    return any(getattr(options, name) for name in options.__struct_fields__)
+    return any(getattr(options, name) for name in KEY_SETTINGS)
 
 
 def uses_curve(endpoint: str) -> bool:
@@ -52,126 +68,41 @@ def uses_curve(endpoint: str) -> bool:
     return endpoint.startswith("tcp://")
 
 
-# -- key files --------------------------------------------------------------------------------
-
-
-def load_key_pair(
-    secret_file: str, setting: str, public_file: str = "", public_setting: str = ""
-) -> KeyPair:
-    """The pair in a `.key_secret` file (owner-only), checked against `public_file` if given."""
-    path = _existing_file(secret_file, setting)
-    check_secret_file_mode(path, setting)
-    public_key, secret_key = _read_certificate(path, setting)
-    if secret_key is None:
-        raise SecurityError(
-            f"{setting}: {path} holds no secret key; give the .key_secret file, not the public .key"
-        )
-    _check_z85(secret_key, path, setting)
-    if public_file and load_public_key(public_file, public_setting) != public_key:
-        raise SecurityError(
-            f"{public_setting}: {public_file} is not the public key of {setting} ({path}); "
-            "give the .key file written with it, or leave the setting empty"
-        )
-    return KeyPair(public_key, secret_key)
-
-
-def load_public_key(public_file: str, setting: str) -> bytes:
-    path = _existing_file(public_file, setting)
-    public_key, _ = _read_certificate(path, setting)
-    return public_key
-
-
-def check_secret_file_mode(path: Path, setting: str) -> None:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise SecurityError(
-            f"{setting}: secret key file {path} is open to group or others (mode {mode:04o}); "
-            f"make it private with `chmod 600 {path}`"
-        )
-
-
-def read_authorized_keys(directory: Path) -> set[bytes]:
-    """The z85 public keys of the `*.key` files in `directory`. A file without a valid key is
-    skipped here (read at every handshake); the worker warns about it once, at start."""
-    keys = set()
-    for path in directory.glob("*.key"):
-        try:
-            keys.add(_read_certificate(path, "security.authorized_clients_dir")[0])
-        except SecurityError:
-            continue
-    return keys
-
-
-def _existing_file(name: str, setting: str) -> Path:
-    if not name:
-        raise SecurityError(
-            f"{setting} is empty, but [security] is configured; give the key file "
-            "(`aioworker keys DIR` writes a set), or leave every security key empty"
-        )
-    path = Path(name).expanduser()
-    if not path.is_file():
-        raise SecurityError(f"{setting}: key file {path} does not exist")
-    return path
-
-
-def _read_certificate(path: Path, setting: str) -> tuple[bytes, bytes | None]:
-    try:
-        public_key, secret_key = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise SecurityError(f"{setting}: cannot read a CURVE key from {path}: {exc}") from exc
-    _check_z85(public_key, path, setting)
-    return public_key, secret_key
-
-
-def _check_z85(key: bytes, path: Path, setting: str) -> None:
-    try:
-        is_key = len(key) == 40 and len(z85.decode(key)) == 32
-    except (ValueError, KeyError):
-        is_key = False
-    if not is_key:
-        raise SecurityError(f"{setting}: {path} holds a malformed key (40 z85 characters expected)")
-
-
-def _authorized_dir(name: str) -> Path:
-    setting = "security.authorized_clients_dir"
-    if not name:
-        raise SecurityError(
-            f"{setting} is empty, but [security] is configured; give the directory of the "
-            "clients' public .key files"
-        )
-    directory = Path(name).expanduser()
-    if not directory.is_dir():
-        raise SecurityError(f"{setting}: directory {directory} does not exist")
-    for path in directory.glob("*.key"):
-        try:
-            _read_certificate(path, setting)
-        except SecurityError as exc:
-            log.warning("%s; that client cannot connect", exc)
-    if not read_authorized_keys(directory):
-        log.warning(
-            "%s: %s holds no client's .key file yet: no client can connect", setting, directory
-        )
-    return directory
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
 # -- the ZAP authenticator --------------------------------------------------------------------
 
 
-class _AuthorizedKeysDir:
-    """ZAP credentials: a key is admitted while its .key file is in the directory (read at each
-    handshake, so adding or removing a file needs no restart)."""
+class _KeysByRole:
+    """ZAP credentials: which keys each role admits. Key directories are read at each handshake,
+    so adding or removing a file needs no restart."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._refused: set[bytes] = set()
+    def __init__(self, server_key: bytes, clients_dir: Path, admin_dir: Path | None) -> None:
+        self.server_key = server_key
+        self.clients_dir = clients_dir
+        self.admin_dir = admin_dir
+        self._refused: set[tuple[str, bytes]] = set()
+
+    def admits(self, role: str, key: bytes) -> bool:
+        admins = read_authorized_keys(self.admin_dir) if self.admin_dir else set()
+        if role == Role.ADMIN:
+            return key in admins
+        if role == Role.RANKS:
+            return key == self.server_key
+        clients = read_authorized_keys(self.clients_dir) | admins
+        if role == Role.BEATS:
+            return key == self.server_key or key in clients
+        return role == Role.CLIENTS and key in clients
 
     def callback(self, domain: str, key: bytes) -> bool:
-        if key in read_authorized_keys(self.directory):
+        if self.admits(domain, key):
             return True
-        if key not in self._refused and len(self._refused) < 1024:
-            # A refused peer retries every 100 ms: say so once per key.
-            self._refused.add(key)
-            log.warning("refused a CURVE client: key %s is not in %s", key.decode(), self.directory)
+        if (domain, key) not in self._refused and len(self._refused) < 1024:
+            # A refused peer retries every 100 ms: say so once per key and role.
+            self._refused.add((domain, key))
+            log.warning("refused a CURVE peer on the %s sockets: key %s", domain, key.decode())
         return False
 
 
@@ -185,13 +116,17 @@ class _OneKey:
         return key == self.key
 
 
-def start_authenticator(context: zmq.Context, credentials: object) -> Authenticator:
-    """A ZAP handler for every CURVE server socket of `context` (one per context): on the running
-    loop for an asyncio context, else on its own thread. Without one, libzmq admits any key."""
+def start_authenticator(
+    context: zmq.Context, credentials: object, domains: tuple[str, ...] = ("*",)
+) -> Authenticator:
+    """A ZAP handler for every CURVE server socket of `context` (one per context), asking
+    `credentials` for the sockets of each ZAP domain: on the running loop for an asyncio context,
+    else on its own thread. Without one, libzmq admits any key."""
     kind = AsyncioAuthenticator if isinstance(context, zmq.asyncio.Context) else ThreadAuthenticator
     authenticator = kind(context, log=log.getChild("zap"))
     authenticator.start()
-    authenticator.configure_curve_callback(domain="*", credentials_provider=credentials)
+    for domain in domains:
+        authenticator.configure_curve_callback(domain=domain, credentials_provider=credentials)
     return authenticator
 
 
@@ -209,6 +144,14 @@ def client_key_of(frame: zmq.Frame) -> str | None:
         return None
 
 
+def peer_address_of(frame: zmq.Frame) -> str | None:
+    """The IP address a received tcp message came from; None for ipc."""
+    try:
+        return frame.get("Peer-Address") or None
+    except zmq.ZMQError:
+        return None
+
+
 async def recv_with_client_key(sock: zmq.asyncio.Socket) -> tuple[list[bytes], str | None]:
     """One multipart message and its sender's authenticated key (see `client_key_of`)."""
     frames = await sock.recv_multipart(copy=False)
@@ -220,16 +163,20 @@ async def recv_with_client_key(sock: zmq.asyncio.Socket) -> tuple[list[bytes], s
 
 @dataclass(frozen=True)
 class ServerSecurity:
-    """The driver's side: its key pair and the directory of authorized client keys. Disabled
+    """A rank's side: the deployment's key pair and the directories of admitted keys. Disabled
     (every method a no-op) when [security] is empty or the transport is ipc."""
 
     keys: KeyPair | None = None
-    authorized_clients_dir: Path | None = None
+    clients_dir: Path | None = None
+    admin_dir: Path | None = None
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> ServerSecurity:
+        """Raises SecurityError for a bad key file or directory, and for tcp on an address other
+        machines reach with no keys at all (unless security.allow_insecure)."""
         options = config.security
         if not is_configured(options):
+            _check_insecure_tcp(config)
             return cls()
         if config.runtime.transport != "tcp":
             log.warning(
@@ -244,23 +191,32 @@ class ServerSecurity:
             options.server_public_key_file,
             "security.server_public_key_file",
         )
-        return cls(keys, _authorized_dir(options.authorized_clients_dir))
+        return cls(keys, *_key_directories(options))
 
     @property
     def is_enabled(self) -> bool:
         return self.keys is not None
 
     def start_authenticator(self, context: zmq.Context) -> Authenticator | None:
-        """Admit only authorized client keys; start it before binding a CURVE server socket."""
-        if self.authorized_clients_dir is None:
+        """Admit each role's keys; start it before binding a CURVE server socket."""
+        if self.keys is None:
             return None
-        return start_authenticator(context, _AuthorizedKeysDir(self.authorized_clients_dir))
+        credentials = _KeysByRole(self.keys.public_key, self.clients_dir, self.admin_dir)
+        return start_authenticator(context, credentials, tuple(role.value for role in Role))
 
-    def server_options(self, endpoint: str) -> SocketOptions:
-        """The task PULL and admin ROUTER: CURVE servers with the deployment's key pair."""
+    def server_options(self, endpoint: str, role: Role = Role.CLIENTS) -> SocketOptions:
+        """A socket this rank binds: a CURVE server with the deployment's pair, admitting the
+        keys of `role`."""
         if self.keys is None or not uses_curve(endpoint):
             return {}
-        return _curve_server(self.keys)
+        return {**_curve_server(self.keys), zmq.ZAP_DOMAIN: role.value.encode()}
+
+    def rank_options(self, endpoint: str) -> SocketOptions:
+        """A socket this rank connects to another rank's (control, acks, heartbeats): a CURVE
+        client presenting the deployment's own pair."""
+        if self.keys is None or not uses_curve(endpoint):
+            return {}
+        return _curve_client(self.keys, self.keys.public_key)
 
     def result_options(self, endpoint: str, client_key: str | None) -> SocketOptions:
         """A result PUSH to `endpoint` (a client's reply_to): a CURVE client presenting the
@@ -274,6 +230,45 @@ class ServerSecurity:
                 "this request came without one"
             )
         return _curve_client(self.keys, client_key.encode("ascii"))
+
+
+def _key_directories(options: SecurityOptions) -> tuple[Path, Path | None]:
+    setting = "security.authorized_clients_dir"
+    if not options.authorized_clients_dir:
+        raise SecurityError(
+            f"{setting} is empty, but [security] is configured; give the directory of the "
+            "clients' public .key files"
+        )
+    clients = key_directory(options.authorized_clients_dir, setting, "client")
+    if not options.admin_clients_dir:
+        log.warning(
+            "security.admin_clients_dir is empty: admin commands over tcp are refused; "
+            "`aioworker keys DIR` writes an admin key pair and its directory"
+        )
+        return clients, None
+    admins = key_directory(options.admin_clients_dir, "security.admin_clients_dir", "admin")
+    return clients, admins
+
+
+def _check_insecure_tcp(config: WorkerConfig) -> None:
+    runtime = config.runtime
+    if runtime.transport != "tcp":
+        return
+    exposed = sorted({h for h in [runtime.host, *runtime.rank_hosts] if h and not is_loopback(h)})
+    if not exposed:
+        return
+    if not config.security.allow_insecure:
+        raise SecurityError(
+            f"runtime.transport is tcp on {', '.join(exposed)}, which other machines reach, and "
+            "[security] has no keys: anyone who reaches the ports could read every prompt and "
+            "control the workers. Write keys with `aioworker keys DIR` and add the [security] "
+            "lines it prints, or set security.allow_insecure = true to accept this"
+        )
+    log.warning(
+        "INSECURE: tcp on %s with no CURVE keys (security.allow_insecure = true): prompts and "
+        "outputs travel in the clear, and anyone who reaches the ports controls the workers",
+        ", ".join(exposed),
+    )
 
 
 @dataclass(frozen=True)
@@ -317,7 +312,8 @@ class ClientSecurity:
         return start_authenticator(context, _OneKey(self.server_public_key))
 
     def connect_options(self, endpoint: str) -> SocketOptions:
-        """Sockets that connect to the driver (task PUSH, admin DEALER): CURVE clients."""
+        """Sockets that connect to a rank (task PUSH, admin DEALER, heartbeat SUB): CURVE
+        clients."""
         if self.keys is None or not uses_curve(endpoint):
             return {}
         return _curve_client(self.keys, self.server_public_key)

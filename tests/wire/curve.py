@@ -14,15 +14,24 @@ REFUSED_WAIT_MS = 500
 ANSWER_WAIT_MS = 5000
 
 
-def security_settings(files: keys_cli.KeyFiles, client: keys_cli.KeyFiles | None = None) -> dict:
-    """[security] of `files`, with the client keys of `client` if given."""
+def security_settings(
+    files: keys_cli.KeyFiles, client: keys_cli.KeyFiles | None = None, as_admin: bool = False
+) -> dict:
+    """[security] of `files`, with the client keys of `client` if given (its admin pair with
+    `as_admin`)."""
     client = client or files
+    public, secret = (
+        (client.admin_public, client.admin_secret)
+        if as_admin
+        else (client.client_public, client.client_secret)
+    )
     return {
         "security.server_secret_key_file": str(files.server_secret),
         "security.server_public_key_file": str(files.server_public),
         "security.authorized_clients_dir": str(files.authorized_clients_dir),
-        "security.client_secret_key_file": str(client.client_secret),
-        "security.client_public_key_file": str(client.client_public),
+        "security.admin_clients_dir": str(files.admin_clients_dir),
+        "security.client_secret_key_file": str(secret),
+        "security.client_public_key_file": str(public),
     }
 
 

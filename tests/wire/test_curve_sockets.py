@@ -17,10 +17,12 @@ from aioworker.cli import keys as keys_cli
 from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
+from aioworker.wire.keys import load_key_pair
 from aioworker.wire.protocol import TASK_DECODER, Outputs, encode
 from aioworker.wire.security import (
     ClientSecurity,
     KeyPair,
+    Role,
     ServerSecurity,
     client_key_of,
     recv_with_client_key,
@@ -39,7 +41,7 @@ from tests.wire.curve import (
 
 
 @contextmanager
-def echo_server(security: ServerSecurity) -> Iterator[str]:
+def echo_server(security: ServerSecurity, role: Role = Role.CLIENTS) -> Iterator[str]:
     """A ROUTER on its own thread (context, authenticator and socket all live there) that answers
     every message with the key its sender authenticated with."""
     endpoints: queue.Queue[str] = queue.Queue()
@@ -49,7 +51,7 @@ def echo_server(security: ServerSecurity) -> Iterator[str]:
         context = zmq.Context()
         authenticator = security.start_authenticator(context)
         sock = make_socket(
-            context, zmq.ROUTER, bind=ANY_PORT, options=security.server_options(ANY_PORT)
+            context, zmq.ROUTER, bind=ANY_PORT, options=security.server_options(ANY_PORT, role)
         )
         endpoints.put(bound_endpoint(sock))
         while not stopping.is_set():
@@ -223,3 +225,39 @@ def test_client_from_config_puts_curve_on_every_socket(key_files: keys_cli.KeyFi
             )
 
     assert asyncio.run(mechanisms()) == (1, [zmq.CURVE])
+
+
+# -- every channel, by role ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "admitted"),
+    [
+        (Role.CLIENTS, {"client", "admin"}),
+        (Role.ADMIN, {"admin"}),
+        (Role.RANKS, {"rank"}),
+        (Role.BEATS, {"rank", "client", "admin"}),
+    ],
+)
+def test_each_channel_admits_only_its_keys(
+    key_files: keys_cli.KeyFiles, role: Role, admitted: set[str]
+) -> None:
+    config = tcp_config(key_files)
+    server = ServerSecurity.from_config(config)
+    client = ClientSecurity.from_config(config)
+    admin_keys = load_key_pair(str(key_files.admin_secret), "admin", str(key_files.admin_public))
+    admin = ClientSecurity(admin_keys, server.keys.public_key)
+    with echo_server(server, role) as endpoint:
+        presenting = {
+            "rank": server.rank_options(endpoint),
+            "client": client.connect_options(endpoint),
+            "admin": admin.connect_options(endpoint),
+            "stranger": random_client(server.keys.public_key),
+            "no key": {},
+        }
+        got_in = {
+            who
+            for who, options in presenting.items()
+            if ask(endpoint, options, ANSWER_WAIT_MS if who in admitted else REFUSED_WAIT_MS)
+        }
+    assert got_in == admitted

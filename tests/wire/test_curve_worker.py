@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -28,12 +26,6 @@ from tests.wire.curve import (
 # -- end to end: a real worker process --------------------------------------------------------
 
 
-def uses_security(module: str) -> bool:
-    """Whether `module` calls ServerSecurity yet (the integration lines of security.py)."""
-    spec = importlib.util.find_spec(module)
-    return "ServerSecurity" in Path(spec.origin).read_text()
-
-
 def wait_ready(config: WorkerConfig, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -46,10 +38,6 @@ def wait_ready(config: WorkerConfig, process: subprocess.Popen, timeout_s: float
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not uses_security("aioworker.runtime.driver"),
-    reason="aioworker/runtime/driver.py does not use security.py yet",
-)
 def test_a_curve_worker_serves_its_clients_and_nobody_else(
     key_files: keys_cli.KeyFiles, intruder_files: keys_cli.KeyFiles
 ) -> None:
@@ -61,6 +49,9 @@ def test_a_curve_worker_serves_its_clients_and_nobody_else(
         **security_settings(key_files),
     }
     config = load_config(overrides=settings)
+    admin_config = load_config(
+        overrides={**settings, **security_settings(key_files, as_admin=True)}
+    )
     intruder_config = load_config(
         overrides={**settings, **security_settings(key_files, intruder_files)}
     )
@@ -76,12 +67,14 @@ def test_a_curve_worker_serves_its_clients_and_nobody_else(
             return await asyncio.wait_for(client.generate([1, 2, 3], params), timeout_s)
 
     try:
-        wait_ready(config, process)
+        wait_ready(admin_config, process)
         completion = asyncio.run(generate(config, 10))
         assert (len(completion.token_ids), completion.finish_reason) == (4, "length")
         with pytest.raises(TimeoutError):
             asyncio.run(generate(intruder_config, 1))
         status = AdminRequest(command="status")
+        assert admin_client.send(admin_config, 0, status, 5.0).reply.ok
+        assert not admin_client.send(config, 0, status, 0.5).is_reachable  # a client, no admin
         assert not admin_client.send(intruder_config, 0, status, 0.5).is_reachable
         plain = load_config(overrides={k: v for k, v in settings.items() if "security" not in k})
         assert not admin_client.send(plain, 0, status, 0.5).is_reachable
@@ -92,10 +85,6 @@ def test_a_curve_worker_serves_its_clients_and_nobody_else(
     assert code == 0
 
 
-@pytest.mark.skipif(
-    not uses_security("aioworker.cli.worker"),
-    reason="aioworker/cli/worker.py does not check the server keys yet",
-)
 def test_a_worker_with_an_open_secret_key_exits_2_naming_it(
     key_files: keys_cli.KeyFiles,
 ) -> None:
