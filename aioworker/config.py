@@ -80,9 +80,10 @@ class RuntimeOptions(_Section):
     heartbeat_interval_s: float = 1.0
     # Send-queue bound per result socket; past it, outputs wait in the client's outbox.
     result_hwm: int = 10000
-    # A client that takes none of its outputs for this long (it died, or stopped reading) is
-    # given up: its requests are aborted and their KV blocks freed.
-    client_timeout_s: float = 5.0
+    # A client that lives but takes none of its outputs for this long is given up: its
+    # requests are aborted and their KV blocks freed. (One whose process is gone is given up
+    # about a second after its outputs stop leaving.)
+    client_timeout_s: float = 60.0
     # Result sockets kept open (one per client); the least recently used idle one makes room.
     max_client_sockets: int = 256
     # The largest message a socket accepts (ZMQ_MAXMSGSIZE): a peer that sends more is

@@ -149,8 +149,7 @@ class Driver:
         )
 
     def _on_client_gone(self, client) -> None:
-        timeout = self.config.runtime.client_timeout_s
-        reason = f"the client read no outputs for {timeout:g}s (gone, or not reading)"
+        reason = "the client is gone, or has read none of its outputs for a long time"
         count = self.control.abort_client(client, reason)
         if count:
             log.warning("aborted %d request(s) of %s: %s", count, client[0], reason)

@@ -2,8 +2,10 @@
 
 Sends never block the loop, and no output is dropped while its client lives: what a client's
 socket cannot take now waits in that client's outbox, in order, and is sent as soon as it can
-be. A client whose outbox has not moved for `client_timeout_s` (it died, or it stopped reading)
-is given up: the caller aborts its requests, so a vanished client stops costing compute.
+be. A client whose outbox has not moved for a second is probed: if nothing listens at its
+reply_to any more (its process died), it is given up at once; a client that lives but reads
+nothing for `client_timeout_s` is given up too. The caller aborts the requests of a client
+given up, so a vanished client stops costing compute.
 
 Sockets are bounded: at most `max_clients` are kept; the least recently used idle one is closed
 to make room, and the context's socket limit is sized to the bound, so no number of clients can
@@ -16,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import zmq
 
@@ -35,6 +39,8 @@ class InvalidReplyEndpoint(ValueError):
 
 # While outputs wait in an outbox, how often they are tried again.
 RETRY_INTERVAL_S = 0.002
+# An outbox stalled this long has its client probed (is anything listening at reply_to?).
+PROBE_AFTER_S = 1.0
 
 # (reply_to, the client's authenticated key or None) -> options of the PUSH socket to it.
 SocketOptionsFn = Callable[[str, str | None], Mapping[int, int | bytes]]
@@ -49,6 +55,7 @@ class _ClientLink:
     outbox: collections.deque[list[bytes]] = field(default_factory=collections.deque)
     # time.monotonic() when the outbox last moved (or filled up, if it has not moved since).
     stalled_since: float = 0.0
+    probed_at: float = 0.0
 
 
 class ResultSender:
@@ -123,7 +130,25 @@ class ResultSender:
                 await self._outbox_filled.wait()
             for client in self.flush():
                 on_gone(client)
+            for client in await self._probe_stalled():
+                on_gone(client)
             await asyncio.sleep(RETRY_INTERVAL_S)
+
+    async def _probe_stalled(self) -> list[ClientAddress]:
+        """Stalled clients whose reply_to nobody listens at any more: given up now."""
+        now, gone = time.monotonic(), []
+        for client in list(self._waiting):
+            link = self._links[client]
+            if now - link.stalled_since < PROBE_AFTER_S or now - link.probed_at < PROBE_AFTER_S:
+                continue
+            link.probed_at = now
+            # In a thread: a tcp connect to a host that went away can take a moment.
+            listening = await asyncio.to_thread(is_listening, client[0])
+            if not listening and client in self._links:  # (it may have closed meanwhile)
+                self._close_link(client, linger_ms=0)
+                gone.append(client)
+                self.drops.count(f"{client[0]}: nothing listens there any more")
+        return gone
 
     def flush(self, now: float | None = None) -> list[ClientAddress]:
         """Send what waits in outboxes; returns the clients given up (stalled too long), whose
@@ -196,6 +221,21 @@ class ResultSender:
     def _close_link(self, client: ClientAddress, linger_ms: int) -> None:
         self._waiting.discard(client)
         self._links.pop(client).sock.close(linger=linger_ms)
+
+
+def is_listening(endpoint: str) -> bool:
+    """Whether a process still accepts connections at an ipc or tcp endpoint."""
+    try:
+        if endpoint.startswith("ipc://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(0.5)
+                probe.connect(endpoint.removeprefix("ipc://"))
+        else:
+            parts = urlsplit(endpoint)
+            socket.create_connection((parts.hostname, parts.port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def _try_send(sock: zmq.Socket, frames: list[bytes]) -> bool:
