@@ -16,6 +16,7 @@ NUM_REQUESTS, NUM_CLIENTS = 10_000, 4
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_10000_requests_from_4_clients_each_get_exactly_one_terminal_output(
     embedded_model_dir,
 ) -> None:
