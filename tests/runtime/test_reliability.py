@@ -4,6 +4,7 @@ lost peers, metrics, record and replay."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -130,25 +131,39 @@ def test_a_hung_step_dumps_stacks_and_exits_hung() -> None:
     assert "made no progress" in stderr and "Thread 0x" in stderr  # faulthandler's stack dump
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
-def test_a_lost_peer_is_noticed_within_3_beats_and_the_group_exits(sig: int) -> None:
-    config, set_args = deployment(**{"parallel.tensor_parallel_size": 2})
+def failed_at(process) -> float:
+    """When a rank logged that it fails (the epoch time of its JSON log record)."""
+    for line in read_log(process).splitlines():
+        if line.startswith("{") and "failing (exit" in line:
+            return json.loads(line)["time"]
+    raise AssertionError(f"the rank never logged its failure:\n{read_log(process)[-2000:]}")
+
+
+@pytest.mark.parametrize(
+    ("lost", "sig"),
+    [("peer", signal.SIGKILL), ("peer", signal.SIGSTOP), ("driver", signal.SIGKILL)],
+)
+def test_a_lost_rank_is_noticed_within_3_beats_and_the_group_exits(lost: str, sig: int) -> None:
+    settings = {"parallel.tensor_parallel_size": 2, "runtime.log_format": "json"}
+    config, set_args = deployment(**settings)
     driver, peer = (
         start_worker(0, set_args, "--fake-executor"),
         start_worker(1, set_args, "--fake-executor"),
     )
+    victim, survivor = (peer, driver) if lost == "peer" else (driver, peer)
     try:
         wait_ready(config, [driver, peer])
-        peer.send_signal(sig)
-        lost_at = time.monotonic()
-        code = driver.wait(10)
-        detected_after = time.monotonic() - lost_at
+        time.sleep(2 * config.runtime.heartbeat_interval_s)  # both have heard each other beat
+        victim.send_signal(sig)
+        lost_at = time.time()
+        code = survivor.wait(10)
     finally:
         for process in (driver, peer):
             process.kill()
     assert code == ExitCode.PEER_LOST
-    # 3 intervals of 0.2 s, plus one check interval and the process's own exit.
-    assert detected_after < 3 * config.runtime.heartbeat_interval_s + 1.0
+    interval = config.runtime.heartbeat_interval_s
+    # 3 intervals of silence, and one beat of slack (the last beat came before the loss).
+    assert failed_at(survivor) - lost_at <= 3 * interval + interval
 
 
 def free_port() -> int:
