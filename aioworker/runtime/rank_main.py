@@ -29,7 +29,12 @@ def run_rank(
     rank = Rank(config, group, rank_in_group, systemd_notifier(), security)
     role = Driver(rank) if rank_in_group == 0 else Peer(rank)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_main(rank, role, build))
+        code = runner.run(_main(rank, role, build))
+    # The rank has stopped: a stop signal during the rest of the exit (torch's teardown takes a
+    # while) must not turn its exit code into "killed by SIGTERM".
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    return code
 
 
 def systemd_notifier() -> SystemdNotifier:
