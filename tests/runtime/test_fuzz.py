@@ -120,6 +120,23 @@ WARM_UP_FRAMES = 50_000
 NUM_FRAMES = WARM_UP_FRAMES + 100_000
 
 
+def fuzz_sockets(context: zmq.Context, endpoints) -> dict[str, zmq.Socket]:
+    """A socket of the matching kind on every endpoint of the group, the heartbeats included."""
+    sockets = {}
+    for name, kind, endpoint in (
+        ("tasks", zmq.PUSH, endpoints.tasks),
+        ("admin", zmq.DEALER, endpoints.admin),
+        ("acks", zmq.PUSH, endpoints.acks),
+        ("control", zmq.XSUB, endpoints.control),
+        ("beats0", zmq.XSUB, endpoints.heartbeats[0]),
+        ("beats1", zmq.XSUB, endpoints.heartbeats[1]),
+    ):
+        sockets[name] = context.socket(kind)
+        sockets[name].setsockopt(zmq.LINGER, 0)
+        sockets[name].connect(endpoint)
+    return sockets
+
+
 def wait_for_terminals(expected: set, terminals: dict, drain, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not expected <= terminals.keys() and time.monotonic() < deadline:
@@ -143,18 +160,7 @@ def test_fuzzed_frames_across_every_socket_leave_the_group_serving_and_leak_noth
     inbox.setsockopt(zmq.LINGER, 0)
     reply_to = f"{endpoints.tasks}-fuzz-inbox"
     inbox.bind(reply_to)
-    sockets = {}
-    for name, kind, endpoint in (
-        ("tasks", zmq.PUSH, endpoints.tasks),
-        ("admin", zmq.DEALER, endpoints.admin),
-        ("acks", zmq.PUSH, endpoints.acks),
-        ("control", zmq.XSUB, endpoints.control),
-        ("beats0", zmq.XSUB, endpoints.heartbeats[0]),
-        ("beats1", zmq.XSUB, endpoints.heartbeats[1]),
-    ):
-        sockets[name] = context.socket(kind)
-        sockets[name].setsockopt(zmq.LINGER, 0)
-        sockets[name].connect(endpoint)
+    sockets = fuzz_sockets(context, endpoints)
     rng = random.Random(0)
     expected: set[str] = set()
     terminals: dict[str, int] = {}
