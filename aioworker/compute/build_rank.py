@@ -74,8 +74,10 @@ def build_rank(
     dist_init: str | None = None,
     device_index: int = 0,
     report_phase: Callable[[str], None] | None = None,
+    rendezvous_listen_fd: int | None = None,
 ) -> tuple[ExecutorThread, LoadedRank]:
-    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
+    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`
+    (rank 0 serving it on `rendezvous_listen_fd`, see init_tensor_parallel)."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
     cfg = load_model_config(model_dir)
@@ -89,7 +91,9 @@ def build_rank(
         if tp.size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             executor.call(
-                lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
+                lambda: init_tensor_parallel(
+                    tp.rank, tp.size, dist_init, backend, rendezvous_listen_fd
+                )
             ).result()
         build = _Build(
             config,
