@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             from aioworker.core.fake_executor import build_fake
 
             return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
-        from aioworker.compute.build_rank import build_rank
+        from aioworker.compute.worker_process import build_rank  # noqa: I001 - before torch loads
         from aioworker.compute.parallel import (
             TensorParallel,  # torch enters here, on the load thread
         )
