@@ -6,6 +6,8 @@ device's own counters."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import os
 import tempfile
@@ -55,6 +57,8 @@ class DeviceMemory:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
+        else:
+            return_freed_heap()
         return before - used_bytes(device)
 
     @torch.inference_mode()
@@ -85,6 +89,16 @@ class DeviceMemory:
             if getattr(module, "packed_weight", None) is not None:
                 module.packed_weight = None
         return offloaded
+
+
+def return_freed_heap() -> None:
+    """Hand memory that glibc's malloc holds free back to the system. Tensors below malloc's mmap
+    threshold (a few MB, once larger blocks were freed) live in its heaps, and freeing them keeps
+    the pages in the process until they are trimmed. Elsewhere than glibc: nothing to do."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 _ALIGNMENT = 64  # each tensor starts at a multiple of this, so views of the mapping take any dtype
