@@ -89,7 +89,10 @@ def start_serve(spec: RunSpec, runtime_name: str, log: Path) -> subprocess.Popen
     command = [sys.executable, "-m", "aioworker.cli.main", "serve", f"--dp={spec.dp}", *sets]
     env = {**os.environ, **spec.env, "PYTHONPATH": str(spec.tree)}
     with open(log, "w") as out:
-        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # cwd too: `python -m` puts the working directory first on sys.path.
+        return subprocess.Popen(
+            command, cwd=spec.tree, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _toml(value: str) -> str:
