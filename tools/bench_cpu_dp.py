@@ -7,7 +7,7 @@ override for the ranks, `env.` an environment variable of theirs. Configurations
 --repeats times in that alternating order (a noisy host drifts; each gets the same drift), and
 the table gives each one's medians.
 
-    git archive main | tar -x -C /tmp/aioworker-before
+    mkdir -p /tmp/aioworker-before && git archive 0fadb4e | tar -x -C /tmp/aioworker-before
     python tools/bench_cpu_dp.py --run name=dp1-before,dp=1,tree=/tmp/aioworker-before \\
         --run name=dp1-after,dp=1 --run name=dp2-before,dp=2,tree=/tmp/aioworker-before \\
         --run name=dp2-after,dp=2
