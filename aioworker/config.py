@@ -50,7 +50,8 @@ class DeviceOptions(_Section):
     kind: Literal["auto", "cpu", "cuda"] = "auto"
     # auto: triton (our paged kernel) on CUDA, torch elsewhere; xformers: its paged decode kernel.
     attention_backend: Literal["auto", "torch", "triton", "xformers"] = "auto"
-    # CPU threads for torch; 0 = torch's default.
+    # CPU threads for torch; 0 = a worker's share of its host's cores (cores // ranks on the
+    # host), the offline engine's torch default.
     num_threads: int = 0
     # CPU: reorder linear weights once into oneDNN's layout (faster matmuls, a second copy in memory).
     cpu_packed_weights: bool = True

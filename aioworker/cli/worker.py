@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         if args.fake_executor:
             from aioworker.core.fake_executor import build_fake
 
+<<<<<<< HEAD
             return build_fake(
                 config,
                 fail_at_step=args.fail_at_step,
@@ -80,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
                 phase_seconds=args.fake_phase_ms / 1000,
             )
         from aioworker.compute.build_rank import build_rank
+=======
+            return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
+        from aioworker.compute.worker_process import build_rank  # noqa: I001 - before torch loads
+>>>>>>> harden-compute
         from aioworker.compute.parallel import (
             TensorParallel,  # torch enters here, on the load thread
         )

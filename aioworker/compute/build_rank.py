@@ -17,6 +17,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
+from aioworker.compute.cpu_threads import num_threads_for_rank
 from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
@@ -74,22 +75,29 @@ def build_rank(
     dist_init: str | None = None,
     device_index: int = 0,
     report_phase: Callable[[str], None] | None = None,
+    global_rank: int | None = None,
+    rendezvous_listen_fd: int | None = None,
 ) -> tuple[ExecutorThread, LoadedRank]:
-    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`."""
+    """Build the rank's compute; with tensor parallelism, first join the group at `dist_init`
+    (rank 0 serving it on `rendezvous_listen_fd`, see init_tensor_parallel). `global_rank` (the
+    worker's --rank) sizes its share of the host's CPU threads; the offline engine passes none
+    and keeps torch's default."""
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path, progress)
     cfg = load_model_config(model_dir)
     device = pick_device(config.device.kind, device_index)
     dtype = pick_dtype(config.model.dtype, device, cfg)
     max_model_len = config.model.max_model_len or cfg.max_position_embeddings
-    if config.device.num_threads and device.type == "cpu":
-        torch.set_num_threads(config.device.num_threads)
+    if device.type == "cpu":
+        _use_cpu_threads(num_threads_for_rank(config, global_rank))
     executor = ExecutorThread(device)
     try:
         if tp.size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             executor.call(
-                lambda: init_tensor_parallel(tp.rank, tp.size, dist_init, backend)
+                lambda: init_tensor_parallel(
+                    tp.rank, tp.size, dist_init, backend, rendezvous_listen_fd
+                )
             ).result()
         build = _Build(
             config,
@@ -119,6 +127,13 @@ def build_rank(
         load_seconds=time.monotonic() - started,
     )
     return executor, loaded
+
+
+def _use_cpu_threads(num_threads: int) -> None:
+    """Before the executor thread starts: a thread takes the count when it first runs an op."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+        log.info("torch runs %d CPU threads", num_threads)
 
 
 @dataclass(frozen=True)

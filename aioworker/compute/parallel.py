@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,36 @@ class TensorParallel:
 SINGLE = TensorParallel()
 
 
-def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str) -> TensorParallel:
-    """Join the group's torch.distributed process group (gloo on CPU, NCCL on GPU)."""
+def init_tensor_parallel(
+    rank: int, size: int, init_method: str, backend: str, listen_fd: int | None = None
+) -> TensorParallel:
+    """Join the group's torch.distributed process group (gloo on CPU, NCCL on GPU), meeting at
+    `init_method` (tcp://host:port). Rank 0 serves the rendezvous on `listen_fd` when given: a
+    socket bound to that host and listening, which the store then owns. Without one, torch's own
+    server listens on every interface (`*:port`), opening the rendezvous to any machine that can
+    reach the port, even with a loopback host; this folder touches no socket, so the caller (the
+    one that binds the group's other endpoints) makes it."""
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size)
+        # The timeout torch gives a tcp:// rendezvous of this backend.
+        nccl = backend == "nccl" and default_pg_nccl_timeout is not None
+        timeout = default_pg_nccl_timeout if nccl else default_pg_timeout
+        store = rendezvous_store(init_method, rank, size, timeout, listen_fd)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size)
     return TensorParallel(rank=rank, size=size)
+
+
+def rendezvous_store(
+    init_method: str, rank: int, size: int, timeout: timedelta, listen_fd: int | None = None
+) -> dist.TCPStore:
+    """The group's key-value store at `init_method`; rank 0 serves it (on `listen_fd` if given)."""
+    address = urlsplit(init_method)
+    if address.scheme != "tcp" or address.hostname is None or address.port is None:
+        raise ValueError(f"rendezvous address {init_method!r} is not tcp://host:port")
+    return dist.TCPStore(
+        address.hostname,
+        address.port,
+        size,
+        is_master=rank == 0,
+        timeout=timeout,
+        master_listen_fd=listen_fd if rank == 0 else None,
+    )

@@ -1,16 +1,22 @@
 """Give device memory back and take it again without a restart (RL rollouts hand the GPU to the
-trainer between rounds). Weights are offloaded to host memory, the KV cache and CUDA graphs are
-dropped; resuming restores the weights, allocates the cache again and re-captures the graphs.
-Freed memory is measured with the device's own counters."""
+trainer between rounds). Weights are offloaded (GPU: to pinned host memory; CPU, where they already
+live in host memory: to a file), the KV cache and CUDA graphs are dropped; resuming restores the
+weights, allocates the cache again and re-captures the graphs. Freed memory is measured with the
+device's own counters."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import os
+import tempfile
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
+from aioworker.checkpoint.source import cache_dir
 from aioworker.compute.layers import cpu_packing
 from aioworker.compute.weights.staging import live_parameters
 
@@ -51,6 +57,8 @@ class DeviceMemory:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
+        else:
+            return_freed_heap()
         return before - used_bytes(device)
 
     @torch.inference_mode()
@@ -58,7 +66,9 @@ class DeviceMemory:
         device = self.runner.device
         if self.offloaded is not None:
             for name, param in live_parameters(self.runner.model).items():
-                param.data = self.offloaded[name].to(device)
+                # copy=True: on the CPU, .to() would keep the file mapping itself as the weight.
+                # Popping drops each offloaded tensor as soon as it is restored.
+                param.data = self.offloaded.pop(name).to(device, copy=True)
             self.offloaded = None
             if self.runner.packed:  # the packed copies were dropped with the weights
                 cpu_packing.pack_model(self.runner.model)
@@ -68,13 +78,52 @@ class DeviceMemory:
         self.runner.recapture_graphs()
 
     def _offload_weights(self) -> dict[str, torch.Tensor]:
-        offloaded = {}
-        pin = self.runner.device.type == "cuda"
-        for name, param in live_parameters(self.runner.model).items():
-            host = param.data.to("cpu")
-            offloaded[name] = host.pin_memory() if pin else host
+        params = live_parameters(self.runner.model)
+        if self.runner.device.type == "cuda":
+            offloaded = {name: param.data.to("cpu").pin_memory() for name, param in params.items()}
+        else:
+            offloaded = offload_to_file(params)
+        for param in params.values():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         for module in self.runner.model.modules():
             if getattr(module, "packed_weight", None) is not None:
                 module.packed_weight = None
         return offloaded
+
+
+def return_freed_heap() -> None:
+    """Hand memory that glibc's malloc holds free back to the system. Tensors below malloc's mmap
+    threshold (a few MB, once larger blocks were freed) live in its heaps, and freeing them keeps
+    the pages in the process until they are trimmed. Elsewhere than glibc: nothing to do."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+_ALIGNMENT = 64  # each tensor starts at a multiple of this, so views of the mapping take any dtype
+
+
+def offload_to_file(params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Write CPU weights to a file and return views of it, mapped privately: pages come back from
+    disk when touched (on resume), so the process holds none meanwhile. The file, in the cache
+    directory, is deleted at once: the mapping keeps it readable, and a process that dies leaves
+    nothing behind."""
+    directory = cache_dir() / "released"
+    directory.mkdir(parents=True, exist_ok=True)
+    layout: dict[str, tuple[int, int]] = {}  # name -> (offset, bytes)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="weights-") as file:
+        offset = 0
+        for name, param in params.items():
+            raw = param.data.detach().contiguous().reshape(-1).view(torch.uint8)
+            offset = -(-offset // _ALIGNMENT) * _ALIGNMENT
+            file.seek(offset)
+            file.write(raw.numpy())
+            layout[name] = (offset, raw.numel())
+            offset += raw.numel()
+        file.flush()
+        mapped = torch.from_file(file.name, shared=False, size=offset, dtype=torch.uint8)
+    return {
+        name: mapped[start : start + size].view(params[name].dtype).view(params[name].shape)
+        for name, (start, size) in layout.items()
+    }

@@ -38,7 +38,7 @@ def stage_from_directory(model: nn.Module, path: str | Path) -> dict[str, torch.
     checksums = _read_checksums(path)
     tensors = iterate_checkpoint(checkpoint_files(path))
     if checksums is not None:
-        tensors = _verified(tensors, checksums)
+        tensors = _verified(tensors, checksums, path / CHECKSUM_FILE)
     return stage(model, tensors)
 
 
@@ -94,10 +94,19 @@ def _read_checksums(path: Path) -> dict[str, str] | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def _verified(tensors, checksums: dict[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+def _verified(
+    tensors, checksums: dict[str, str], checksum_file: Path
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor must be listed: a checksum file that skips some would let exactly those
+    through unchecked."""
     for name, tensor in tensors:
         expected = checksums.get(name)
-        if expected is not None and _digest(tensor) != expected:
+        if expected is None:
+            raise WeightsError(
+                f"{name}: not listed in {checksum_file}; list every tensor of the checkpoint "
+                "(write_checksums does) or remove the file"
+            )
+        if _digest(tensor) != expected:
             raise WeightsError(f"{name}: checksum mismatch with {CHECKSUM_FILE} (corrupted file?)")
         yield name, tensor
 

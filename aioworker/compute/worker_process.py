@@ -1,0 +1,37 @@
+"""How a worker process (`aioworker worker`, one rank) builds its compute: importing this module
+sets the OpenMP wait policy before torch loads, and the rank builds with its share of the host's
+CPU cores.
+
+The policy: unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set already, OMP_WAIT_POLICY=PASSIVE.
+libgomp (torch's OpenMP) otherwise spins idle threads for about 3 ms after each parallel region,
+i.e. through most of the gap between steps, where the rank's asyncio loop (and the other ranks
+of the host) need the cores. libgomp reads it once, when torch loads: hence at import, here,
+before any module that imports torch. The offline engine keeps libgomp's default: it has no loop
+to starve, and spinning makes its decoding faster.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+from aioworker.compute import build_rank as _build_rank  # noqa: E402 - torch loads here
+
+if TYPE_CHECKING:
+    from aioworker.compute.executor_thread import ExecutorThread
+    from aioworker.compute.parallel import TensorParallel
+    from aioworker.config import WorkerConfig
+    from aioworker.core.loaded_rank import LoadedRank
+
+
+def build_rank(
+    config: WorkerConfig, tp: TensorParallel, *, device_index: int, **options: Any
+) -> tuple[ExecutorThread, LoadedRank]:
+    """compute.build_rank.build_rank for the rank numbered `device_index` in the deployment (the
+    worker's --rank): it picks the rank's GPU, and sizes its share of the host's CPU cores."""
+    return _build_rank.build_rank(
+        config, tp, device_index=device_index, global_rank=device_index, **options
+    )
