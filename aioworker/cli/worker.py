@@ -67,12 +67,19 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config, f"{group}.{local_rank}", args.log_level)
 
     from aioworker.runtime.rank_main import run_rank
+    from aioworker.wire.transport import EndpointInUseError, listen_for_rendezvous
+
+    try:
+        # Rank 0 serves the group's rendezvous on the group's host alone (torch would listen on
+        # every interface); bound here, before the load, so a port in use fails at once.
+        rendezvous_fd = listen_for_rendezvous(dist_init) if tp > 1 and local_rank == 0 else None
+    except EndpointInUseError as exc:
+        return fail(str(exc), 1)
 
     def build(report_phase):
         if args.fake_executor:
             from aioworker.core.fake_executor import build_fake
 
-<<<<<<< HEAD
             return build_fake(
                 config,
                 fail_at_step=args.fail_at_step,
@@ -80,11 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 fail_phase=args.fail_weights_phase,
                 phase_seconds=args.fake_phase_ms / 1000,
             )
-        from aioworker.compute.build_rank import build_rank
-=======
-            return build_fake(config, args.fail_at_step, args.fake_step_ms / 1000)
         from aioworker.compute.worker_process import build_rank  # noqa: I001 - before torch loads
->>>>>>> harden-compute
         from aioworker.compute.parallel import (
             TensorParallel,  # torch enters here, on the load thread
         )
@@ -94,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             TensorParallel(local_rank, tp),
             progress=False,
             dist_init=dist_init,
+            rendezvous_listen_fd=rendezvous_fd,
             report_phase=report_phase,
             device_index=args.rank,
         )

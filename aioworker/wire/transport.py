@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -112,6 +113,24 @@ def remove_ipc_file(endpoint: str) -> None:
     if endpoint.startswith("ipc://"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(endpoint.removeprefix("ipc://"))
+
+
+def listen_for_rendezvous(dist_init: str) -> int:
+    """A socket listening on the group's torch.distributed rendezvous (tcp://host:port) on that
+    host alone; its file descriptor, for rank 0's store to own."""
+    parts = urlsplit(dist_init)
+    family, kind, proto, _, address = socket.getaddrinfo(
+        parts.hostname, parts.port, type=socket.SOCK_STREAM
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        raise EndpointInUseError(f"the rendezvous {dist_init} cannot be bound: {exc}") from exc
+    return listener.detach()
 
 
 def all_group_endpoints(

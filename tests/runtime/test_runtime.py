@@ -14,6 +14,7 @@ from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from aioworker.wire.protocol import RESULT_DECODER, VERSION_FRAME, SubmitRequest, encode
 from aioworker.wire.transport import group_endpoints
+from tests.compute.test_parallel import listening_addresses
 from tests.conftest import EMBEDDED_OVERRIDES
 from tests.workers import admin, deployment, running
 
@@ -87,9 +88,13 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
         async with Client.from_config(config) as client:
             return await generate_all([client], prompts, params)
 
+    dist_port = int(group_endpoints(config.runtime, 0, 2).dist_init.rsplit(":", 1)[1])
     with running(config, set_args):
         completions = asyncio.run(scenario())
+        rendezvous = listening_addresses(dist_port)
     assert [c.token_ids for c in completions] == expected
+    # The rendezvous listens where the group does (127.0.0.1), not on every interface.
+    assert rendezvous and all(address.is_loopback for address in rendezvous)
 
 
 def test_data_parallel_spreads_a_burst_and_aborts_within_one_step() -> None:
