@@ -52,12 +52,17 @@ def test_a_process_that_is_no_rank_keeps_torch_default() -> None:
 
 @pytest.mark.parametrize(
     ("preset", "expected"),
-    [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"), ({"GOMP_SPINCOUNT": "1000"}, "")],
+    [
+        ({}, "/10000"),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE/"),
+        ({"GOMP_SPINCOUNT": "1000"}, "/1000"),
+    ],
 )
-def test_a_worker_process_sets_openmp_passive_unless_told(preset, expected) -> None:
+def test_a_worker_process_spins_briefly_unless_told(preset, expected) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     probe = (
-        "import os, aioworker.compute.worker_process; print(os.environ.get('OMP_WAIT_POLICY', ''))"
+        "import os, aioworker.compute.worker_process; "
+        "print(os.environ.get('OMP_WAIT_POLICY', '') + '/' + os.environ.get('GOMP_SPINCOUNT', ''))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], env={**env, **preset}, capture_output=True, text=True
