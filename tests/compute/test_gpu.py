@@ -267,3 +267,37 @@ def test_an_ipc_update_from_a_second_process_is_picked_up(tmp_path) -> None:
     assert reply["ok"], (reply, trainer.stderr[-2000:])
     assert status["weights_version"] == 7
     assert after == expected
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (kind nvidia-h200-x2)")
+def test_tp2_over_nccl_equals_tp1_in_float32(tmp_path) -> None:
+    """Two ranks on two GPUs, NCCL collectives and the rendezvous on the group's host alone:
+    the same greedy tokens as one rank."""
+    from aioworker.wire.client import Client
+    from tests.conftest import make_engine
+    from tests.workers import deployment, running
+
+    build_tiny_model("qwen3", tmp_path, logit_scale=4.0)
+    settings = {
+        "model.path": str(tmp_path),
+        "model.dtype": "float32",
+        "device.kind": "cuda",
+        "cache.num_blocks": 512,
+        "model.max_model_len": 512,
+    }
+    batch = prompts(384)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    engine = make_engine(tmp_path, **settings)
+    try:
+        expected = [c.token_ids for c in engine.generate(batch, params)]
+    finally:
+        engine.close()
+    config, set_args = deployment(**settings, **{"parallel.tensor_parallel_size": 2})
+
+    async def scenario():
+        async with Client.from_config(config) as client:
+            return await asyncio.gather(*(client.generate(p, params) for p in batch))
+
+    with running(config, set_args):
+        completions = asyncio.run(scenario())
+    assert [c.token_ids for c in completions] == expected

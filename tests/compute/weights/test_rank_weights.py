@@ -12,7 +12,8 @@ from aioworker.core.weights_phase import WeightsPhase
 from tests.conftest import make_engine
 from tests.tiny_models import build_tiny_model
 
-SMALL = {"cache.num_blocks": 64, "model.max_model_len": 256}
+# The CPU path, wherever the tests run (on a GPU machine "auto" would pick CUDA and bf16).
+SMALL = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.kind": "cpu"}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROBES = [[3, 4, 5], [10, 11, 12, 13, 14, 15]]
 
