@@ -148,6 +148,7 @@ def test_a_client_killed_with_50_streams_costs_nothing_after_a_moment() -> None:
         doomed.wait()
         assert_nothing_held(config)
         freed_after = time.monotonic() - killed_at
+        print(f"50 streams of a killed client freed {freed_after:.2f} s after the kill")
     assert freed_after < 3.0  # probed a second into the stall, then aborted
 
 
