@@ -258,24 +258,6 @@ def test_requests_refused_when_recorded_are_refused_again(tmp_path) -> None:
     assert "prompt has 40 tokens; max_model_len is 32" in longer.stdout
 
 
-def test_a_second_instance_on_the_same_endpoints_refuses_to_start() -> None:
-    config, set_args = deployment()
-    with running(config, set_args, "--fake-executor"):
-        second = start_worker(0, set_args, "--fake-executor")
-        code = second.wait(10)
-        log = read_log(second)
-        assert admin_status_ready(config)  # the first one still serves
-    assert code == ExitCode.FAILED
-    assert "already served by another process" in log
-
-
-def admin_status_ready(config) -> bool:
-    from tests.workers import admin
-
-    reply = admin(config, "status")
-    return reply is not None and reply.data["state"] == "READY"
-
-
 def test_json_logs_carry_rank_and_pid() -> None:
     import json
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from aioworker.runtime.state import ExitCode
-from tests.workers import deployment, read_log, running, start_worker
+from tests.workers import admin, deployment, read_log, running, start_worker
 
 
 def test_a_second_instance_exits_1_with_one_line() -> None:
@@ -15,6 +15,7 @@ def test_a_second_instance_exits_1_with_one_line() -> None:
     with running(config, set_args, "--fake-executor"):
         second = start_worker(0, set_args, "--fake-executor")
         code = second.wait(10)
+        assert admin(config, "status").data["state"] == "READY"  # the first one still serves
     log = read_log(second)
     assert code == ExitCode.FAILED
     assert "already served by another process" in log
