@@ -43,6 +43,8 @@ class GroupWatch:
             )
             for endpoint in heartbeat_endpoints
         ]
+        # The same sockets, read without waiting: beats are drained before each check.
+        self._readers = [zmq.Socket.shadow(sock.underlying) for sock in self.sockets]
         self.on_lost = on_lost
         started = time.monotonic()
         self.deadlines = [started + first_beat_timeout_s] * len(heartbeat_endpoints)
@@ -54,8 +56,8 @@ class GroupWatch:
         while True:
             await asyncio.sleep(min(self.intervals) / 4)
             now = time.monotonic()
-            for group, sock in enumerate(self.sockets):
-                self._read_beats(group, zmq.Socket.shadow(sock.underlying), now)
+            for group, reader in enumerate(self._readers):
+                self._read_beats(group, reader, now)
                 self._check(group, now)
 
     def close(self) -> None:
