@@ -44,6 +44,9 @@ class CacheOptions(_Section):
 class SchedulerOptions(_Section):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # Requests waiting to start, beyond which new ones are refused as overloaded (HTTP 429
+    # at the API server) instead of queueing without limit.
+    max_waiting: int = 8192
 
 
 class DeviceOptions(_Section):
@@ -139,6 +142,7 @@ class WorkerConfig(_Section):
     def __post_init__(self) -> None:
         _check_positive("cache.block_size", self.cache.block_size)
         _check_positive("scheduler.max_num_seqs", self.scheduler.max_num_seqs)
+        _check_positive("scheduler.max_waiting", self.scheduler.max_waiting)
         _check_positive("scheduler.max_num_batched_tokens", self.scheduler.max_num_batched_tokens)
         _check_positive("parallel.tensor_parallel_size", self.parallel.tensor_parallel_size)
         _check_positive("parallel.data_parallel_size", self.parallel.data_parallel_size)

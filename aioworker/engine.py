@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 import msgspec
 
-from aioworker.checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.config import WorkerConfig
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.detokenizer import IncrementalDetokenizer
 from aioworker.core.engine_core import EngineCore
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank

@@ -1,7 +1,5 @@
-"""Text <-> token ids for a model directory, chat templates, and incremental detokenization.
-
-Torch-free: the client library detokenizes streamed token ids with this.
-"""
+"""Text <-> token ids for a model directory, and chat templates. Torch-free: the API server and
+the offline engine tokenize with this (core.detokenizer turns streamed ids back into text)."""
 
 from __future__ import annotations
 
@@ -83,31 +81,3 @@ def _compile(template: str) -> jinja2.Template:
         value, indent=indent, ensure_ascii=False
     )
     return env.from_string(template)
-
-
-class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas without splitting multi-byte characters.
-
-    Decodes a short window of recent tokens and emits only the new text once it no longer ends in
-    an incomplete UTF-8 sequence (shown by the tokenizer as U+FFFD).
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.token_ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
-
-    def add(self, token_ids: list[int]) -> str:
-        self.token_ids.extend(token_ids)
-        decode = self.tokenizer.decode
-        prefix = decode(
-            self.token_ids[self._prefix_offset : self._read_offset], self.skip_special_tokens
-        )
-        full = decode(self.token_ids[self._prefix_offset :], self.skip_special_tokens)
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return ""
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self.token_ids)
-        return full[len(prefix) :]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from aioworker.checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.detokenizer import IncrementalDetokenizer
 
 
 class ResultPrinter:

@@ -9,6 +9,10 @@ from __future__ import annotations
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 
+class QueueFull(RuntimeError):
+    """The group has `scheduler.max_waiting` requests waiting already: retry later."""
+
+
 class RequestValidator:
     def __init__(self, vocab_size: int, max_model_len: int) -> None:
         self.vocab_size = vocab_size

@@ -16,11 +16,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from aioworker.config import SchedulerOptions
-from aioworker.core.admission import RequestValidator
+from aioworker.core.admission import QueueFull, RequestValidator
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
-from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.core.scheduler import Scheduler
@@ -49,6 +49,7 @@ class EngineCore:
         self.executor = executor
         self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         self.eos_token_ids = loaded.eos_token_ids
+        self.max_waiting = options.max_waiting
         blocks = BlockManager(num_blocks or loaded.num_blocks, loaded.block_size)
         self.scheduler = Scheduler(
             blocks, options.max_num_seqs, options.max_num_batched_tokens, loaded.max_model_len
@@ -62,10 +63,16 @@ class EngineCore:
     # -- requests -----------------------------------------------------------------------------
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises InvalidRequestError naming the bad field and its limit."""
+        """Queue a request; raises InvalidRequestError naming the bad field and its limit, or
+        QueueFull."""
         if request_id in self.scheduler.seqs_by_request:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         self.validator.check(prompt_token_ids, params)
+        if len(self.scheduler.waiting) >= self.max_waiting:
+            raise QueueFull(
+                f"{len(self.scheduler.waiting)} requests are waiting already "
+                f"(scheduler.max_waiting); retry later or on another group"
+            )
         seq = Sequence(
             next(self._seq_ids), request_id, prompt_token_ids, params, self.eos_token_ids
         )
@@ -78,11 +85,23 @@ class EngineCore:
         return seq is not None and self.scheduler.abort(seq.seq_id) is not None
 
     def terminal_output(
-        self, request_id: str, reason: FinishReason, error: str | None = None
+        self,
+        request_id: str,
+        reason: FinishReason,
+        error: str | None = None,
+        error_kind: ErrorKind | None = None,
     ) -> RequestOutput:
         """The one terminal output of a request that ends outside a step (aborted, refused)."""
+        if reason is FinishReason.ERROR and error_kind is None:
+            error_kind = ErrorKind.INTERNAL
         return RequestOutput(
-            request_id, [], reason, error, self.current_step_id, self.weights_version
+            request_id,
+            [],
+            reason,
+            error,
+            self.current_step_id,
+            self.weights_version,
+            error_kind=error_kind,
         )
 
     @property

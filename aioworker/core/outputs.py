@@ -16,6 +16,26 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # refused at admission, or failed in a step
 
 
+class ErrorKind(enum.StrEnum):
+    """What kind of failure an ERROR output reports, so a front end can answer it in kind
+    (400, 429, 503, 500) without parsing words."""
+
+    INVALID = "invalid"  # the request itself is wrong: fix it before retrying
+    OVERLOADED = "overloaded"  # the group's queue is full: retry later
+    UNAVAILABLE = "unavailable"  # the group is draining, loading, released or lost: retry elsewhere
+    INTERNAL = "internal"  # a step failed, or anything else
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """One token's log-probability, and the most likely tokens at its position, most likely
+    first, under the distribution it was sampled from (see docs/configuration.md)."""
+
+    token_id: int
+    logprob: float
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class RequestOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """A request's new tokens from one step; the request's one terminal output also says why it
     ended. Array-like: hundreds of these travel in every step's messages."""
@@ -29,6 +49,14 @@ class RequestOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True)
     weights_version: int = 0
     # The text these tokens add, where a tokenizer ran (the offline engine); empty on the wire.
     text: str = ""
+    # Parallel to token_ids, where the request asked for logprobs.
+    logprobs: list[TokenLogprobs] | None = None
+    # On a request's first output, where it asked: one per prompt token after the first.
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    # Set on ERROR outputs.
+    error_kind: ErrorKind | None = None
+    # The stop string that ended the request (finish_reason STOP), if one did.
+    stop_string: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -47,8 +75,17 @@ class Completion:
     error: str | None = None
     # The data-parallel group that served it (-1: the offline engine).
     group: int = -1
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    error_kind: ErrorKind | None = None
+    stop_string: str | None = None
 
     def add(self, output: RequestOutput) -> None:
         self.token_ids += output.token_ids
+        if output.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + output.logprobs
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         if output.finished:
             self.finish_reason, self.error = output.finish_reason, output.error
+            self.error_kind, self.stop_string = output.error_kind, output.stop_string

@@ -11,6 +11,11 @@ import msgspec
 
 # The smallest temperature that is sampled as asked; below it, greedy (see is_greedy).
 GREEDY_BELOW = 1e-5
+# The most alternatives a request may ask logprobs for, per token (OpenAI's top_logprobs bound).
+MAX_LOGPROBS = 20
+# Stop strings: how many a request may give, and how long each may be (characters).
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LENGTH = 256
 
 
 class InvalidRequestError(ValueError):
@@ -31,6 +36,13 @@ class SamplingParams(
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Text that ends the request where it appears in the output (never included in it); needs
+    # the model's tokenizer in the worker.
+    stop: tuple[str, ...] = ()
+    # Each sampled token's logprob, with this many most likely alternatives (0..MAX_LOGPROBS).
+    logprobs: int | None = None
+    # The same for every prompt token after the first (RL scoring).
+    prompt_logprobs: int | None = None
 
     def validate(self) -> None:
         """Check the fields that need no model; token ids are checked against the vocabulary at admission."""
@@ -50,6 +62,25 @@ class SamplingParams(
             raise InvalidRequestError(f"top_k is {self.top_k}; it must be >= 0 (0 disables it)")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequestError(f"seed is {self.seed}; it must be in [0, 2**63)")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidRequestError(
+                    f"{name} is {value}; it must be between 0 and {MAX_LOGPROBS}"
+                )
+        self._validate_stop()
+
+    def _validate_stop(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(
+                f"stop has {len(self.stop)} strings; at most {MAX_STOP_STRINGS} are allowed"
+            )
+        for text in self.stop:
+            if not 0 < len(text) <= MAX_STOP_STRING_LENGTH:
+                raise InvalidRequestError(
+                    f"stop string {text[:40]!r} has {len(text)} characters; each must have 1 to "
+                    f"{MAX_STOP_STRING_LENGTH}"
+                )
 
     @property
     def is_greedy(self) -> bool:

@@ -11,7 +11,8 @@ import msgspec
 import zmq.asyncio
 
 from aioworker.config import RuntimeOptions
-from aioworker.core.outputs import FinishReason
+from aioworker.core.admission import QueueFull
+from aioworker.core.outputs import ErrorKind, FinishReason
 from aioworker.core.sampling_params import InvalidRequestError
 from aioworker.runtime.group_control import GroupControl
 from aioworker.runtime.recorder import Recorder
@@ -129,35 +130,49 @@ class RequestIntake:
             rejected = Rejected(reason=reason, request_id=message.request_id)
             self.results.send(message.reply_to, rejected, client_key)
             return
-        error = self.refusal(message)
-        if error is None:
+        refused = self.refusal(message)
+        if refused is None:
             try:
                 self.requests.admit(
                     message.request_id, message.prompt_token_ids, message.params, client
                 )
             except InvalidRequestError as exc:
-                error = str(exc)
-        if error is not None:
-            self.requests.send_terminal(client, message.request_id, FinishReason.ERROR, error)
+                refused = ErrorKind.INVALID, str(exc)
+            except QueueFull as exc:
+                refused = ErrorKind.OVERLOADED, str(exc)
+        if refused is not None:
+            kind, error = refused
+            self.requests.send_terminal(client, message.request_id, FinishReason.ERROR, error, kind)
             return
         if message.timeout_s is not None:
             self.control.set_timeout(message.request_id, message.timeout_s)
         self.control.wake()
 
-    def refusal(self, message: SubmitRequest) -> str | None:
+    def refusal(self, message: SubmitRequest) -> tuple[ErrorKind, str] | None:
         """Why this group cannot take the request now, whatever the request says."""
         state = self.control.state
+        unavailable = ErrorKind.UNAVAILABLE
         if not self.control.lifecycle.machine.rules.accepts_requests:
-            return f"worker is {state.lower()}: not accepting requests; retry on another group"
+            return (
+                unavailable,
+                f"worker is {state.lower()}: not accepting requests; retry on another group",
+            )
         if self.control.drain_pending:
-            return "worker is draining: not accepting requests; retry on another group"
+            return unavailable, "worker is draining: not accepting requests; retry on another group"
         if state is RankState.WEIGHTS_CLEARED and self.while_released == "reject":
-            return "worker has released its memory (admin release-memory); retry later or on another group"
+            return unavailable, (
+                "worker has released its memory (admin release-memory); retry later or on another group"
+            )
         if not message.request_id or len(message.request_id) > MAX_REQUEST_ID_LENGTH:
-            return f"request_id must have 1 to {MAX_REQUEST_ID_LENGTH} characters"
+            return (
+                ErrorKind.INVALID,
+                f"request_id must have 1 to {MAX_REQUEST_ID_LENGTH} characters",
+            )
         timeout = message.timeout_s
         if timeout is not None and not 0 < timeout <= MAX_REQUEST_TIMEOUT_S:
-            return f"timeout_s is {timeout}; it must be in (0, {MAX_REQUEST_TIMEOUT_S:g}] seconds"
+            return ErrorKind.INVALID, (
+                f"timeout_s is {timeout}; it must be in (0, {MAX_REQUEST_TIMEOUT_S:g}] seconds"
+            )
         return None
 
     def reject_frame(
@@ -182,6 +197,8 @@ class RequestIntake:
             except InvalidReplyEndpoint:
                 return
             client = (reply_to, client_key)
-            self.requests.send_terminal(client, request_id, FinishReason.ERROR, f"rejected: {exc}")
+            self.requests.send_terminal(
+                client, request_id, FinishReason.ERROR, f"rejected: {exc}", ErrorKind.INVALID
+            )
         elif isinstance(reply_to, str):
             self.results.send(reply_to, Rejected(reason=str(exc)), client_key)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from aioworker.core.engine_core import EngineCore
-from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.metrics import WorkerMetrics
 from aioworker.runtime.results import ClientAddress, ResultSender
@@ -106,14 +106,21 @@ class OpenRequests:
     def fail_all(self, reason: str) -> None:
         """The rank is failing: every open request ends with "error" and the reason."""
         for request_id, request in self._requests.items():
-            self.send_terminal(request.client, request_id, FinishReason.ERROR, reason)
+            self.send_terminal(
+                request.client, request_id, FinishReason.ERROR, reason, ErrorKind.UNAVAILABLE
+            )
         self._requests.clear()
 
     def send_terminal(
-        self, client: ClientAddress, request_id: str, reason: FinishReason, message: str
+        self,
+        client: ClientAddress,
+        request_id: str,
+        reason: FinishReason,
+        message: str,
+        error_kind: ErrorKind | None = None,
     ) -> None:
         """A terminal output outside a step: refused at admission, aborted, failed."""
-        output = self.core.terminal_output(request_id, reason, message)
+        output = self.core.terminal_output(request_id, reason, message, error_kind)
         reply_to, client_key = client
         self.results.send(reply_to, Outputs(group=self.group, outputs=[output]), client_key)
 

@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from aioworker.config import WorkerConfig
-from aioworker.core.outputs import Completion, FinishReason, RequestOutput
+from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
@@ -213,7 +213,11 @@ class Client:
         )
         stream = RequestStream(request_id, group, queue)
         if self._watch.is_lost[group]:
-            self._end(request_id, f"group {group} is lost: no heartbeat; request not sent")
+            self._end(
+                request_id,
+                f"group {group} is lost: no heartbeat; request not sent",
+                ErrorKind.UNAVAILABLE,
+            )
             return stream
         if timeout_s is not None:
             self._deadlines[request_id] = asyncio.get_running_loop().call_later(
@@ -250,14 +254,14 @@ class Client:
         except zmq.ZMQError as exc:
             self.unsent.count(f"abort of {request_id}: {exc}")
 
-    def _end(self, request_id: str, reason: str) -> None:
+    def _end(self, request_id: str, reason: str, kind: ErrorKind = ErrorKind.INTERNAL) -> None:
         """End a request here, with an error its stream sees, and ask its group to abort it."""
         self._send_abort(request_id)
-        self._deliver(RequestOutput(request_id, [], FinishReason.ERROR, reason))
+        self._deliver(RequestOutput(request_id, [], FinishReason.ERROR, reason, error_kind=kind))
 
     def _on_group_lost(self, group: int, reason: str) -> None:
         for request_id in [rid for rid, owner in self._owner.items() if owner == group]:
-            self._end(request_id, reason)
+            self._end(request_id, reason, ErrorKind.UNAVAILABLE)
 
     def _expire(self, request_id: str, timeout_s: float) -> None:
         self._deadlines.pop(request_id, None)

@@ -18,7 +18,7 @@ from aioworker.core.weights_phase import IpcTensor, WeightsOp, WeightsPhase
 from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
 # 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from aioworker.checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.detokenizer import IncrementalDetokenizer
 
 
 def test_chat_template_matches_transformers(embedded_model_dir) -> None:
