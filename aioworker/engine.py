@@ -16,13 +16,13 @@ import msgspec
 from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.config import WorkerConfig
 from aioworker.core.block_manager import BlockManager
-from aioworker.core.detokenizer import IncrementalDetokenizer
 from aioworker.core.engine_core import EngineCore
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.outputs import Completion, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.scheduler import Scheduler
+from aioworker.core.text_stream import TextStream
 
 
 class LLMEngine:
@@ -38,17 +38,14 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.core = EngineCore(executor, loaded, config.scheduler)
         self._request_ids = itertools.count()
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._texts: dict[str, TextStream] = {}
 
     @classmethod
     def from_config(cls, config: WorkerConfig, progress: bool = True) -> LLMEngine:
         from aioworker.compute.build_rank import build_rank  # torch enters here, not at import
 
         executor, loaded = build_rank(config, progress=progress)
-        tokenizer = (
-            Tokenizer(loaded.model_dir) if (loaded.model_dir / "tokenizer.json").is_file() else None
-        )
-        return cls(executor, loaded, tokenizer, config)
+        return cls(executor, loaded, loaded.tokenizer, config)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -77,13 +74,13 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         self.core.add(request_id, token_ids, params)
         if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer)
+            self._texts[request_id] = TextStream(self.tokenizer, params.stop)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
         if not self.core.abort(request_id):
             return None
-        self._detokenizers.pop(request_id, None)
+        self._texts.pop(request_id, None)
         return self.core.terminal_output(request_id, FinishReason.ABORT)
 
     @property
@@ -95,16 +92,19 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Wait for the oldest step in flight (launching the next first) and return its outputs,
-        with the text each one adds."""
+        with the text each one adds (never a stop string, nor what follows it)."""
         outputs = self.core.step()
         if self.tokenizer is None:
             return outputs
         for index, out in enumerate(outputs):
-            detokenizer = self._detokenizers.get(out.request_id)
-            if detokenizer is not None:
-                outputs[index] = msgspec.structs.replace(out, text=detokenizer.add(out.token_ids))
+            stream = self._texts.get(out.request_id)
+            if stream is None:
+                continue
+            text = stream.add(out.token_ids)
             if out.finished:
-                self._detokenizers.pop(out.request_id, None)
+                text += stream.finish()
+                del self._texts[out.request_id]
+            outputs[index] = msgspec.structs.replace(out, text=text)
         return outputs
 
     def stream(self) -> Iterator[RequestOutput]:
@@ -125,9 +125,7 @@ class LLMEngine:
             completion = completions.get(out.request_id)
             if completion is not None:
                 completion.add(out)
-        if self.tokenizer is not None:
-            for completion in completions.values():
-                completion.text = self.tokenizer.decode(completion.token_ids)
+                completion.text += out.text
         return list(completions.values())
 
     def close(self) -> None:

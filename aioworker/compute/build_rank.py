@@ -17,6 +17,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
+from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.compute.cpu_threads import num_threads_for_rank
 from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
@@ -125,8 +126,14 @@ def build_rank(
         block_size=config.cache.block_size,
         max_model_len=max_model_len,
         load_seconds=time.monotonic() - started,
+        tokenizer=_tokenizer_of(model_dir),
     )
     return executor, loaded
+
+
+def _tokenizer_of(model_dir: Path) -> Tokenizer | None:
+    """The model's tokenizer, where its directory has one: token-id-only models still serve."""
+    return Tokenizer(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else None
 
 
 def _use_cpu_threads(num_threads: int) -> None:

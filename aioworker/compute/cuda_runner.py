@@ -20,6 +20,12 @@ from aioworker.compute.layers.attention.cuda_backend import (
     PrefillPart,
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
+from aioworker.compute.logprobs import (
+    StepLogprobs,
+    prompt_logprob_tensors,
+    prompt_rows,
+    prompt_spans,
+)
 from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError, StepHandle
 from aioworker.core.plan import StepPlan, StepResult
 
@@ -107,34 +113,54 @@ class CudaModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> StepHandle:
-        """Queue the step's GPU work and the copy of its sampled tokens; returns at once."""
+        """Queue the step's GPU work and the copy of its sampled tokens (and logprobs); returns
+        at once."""
         self.apply_plan_state(plan)
         if plan.is_empty:
             return CompletedStep(StepResult(plan.step_id, []))
         sample_idx, sample_rows = self.sample_rows(plan)
+        spans = prompt_spans(plan, self.seqs) if self.scoring_prompts else []
         nums = np.asarray(plan.num_scheduled_tokens, dtype=np.int64)
         starts = np.asarray(plan.start_positions, dtype=np.int64)
         rows = np.asarray([self.rows[s] for s in plan.seq_ids], dtype=np.int64)
         token_ids = np.asarray(plan.input_token_ids, dtype=np.int64)
-        if self.graphs is not None and (nums == 1).all() and len(nums) <= self.graphs.max_batch:
+        extra = StepLogprobs([row.sampling.logprobs for row in sample_rows])
+        if self._fits_graphs(nums, spans):
             # Every row of a decode batch samples: the graph computes all their logits.
             logits = self.graphs.run(token_ids, starts, rows)
             sampled_rows = self.graphs.rows[: len(nums)]
         else:
             hidden = self._forward_eager(token_ids, nums, starts, rows, plan)
-            if not sample_rows:
+            if not sample_rows and not spans:
                 return CompletedStep(StepResult(plan.step_id, []))
-            logits = self.model.compute_logits(hidden[self._to_device(np.asarray(sample_idx))])
+            # One call for both: under tensor parallelism it is a collective every rank makes.
+            index = self._to_device(np.asarray(sample_idx + prompt_rows(spans), dtype=np.int64))
+            logits = self.model.compute_logits(hidden[index])
+            if spans and self.tp.is_driver:
+                scored = logits[len(sample_rows) :]
+                extra.spans, extra.prompt = spans, prompt_logprob_tensors(scored, spans)
+            logits = logits[: len(sample_rows)]
             sampled_rows = self._to_device(rows[np.asarray(plan.sample)])
-        if not sample_rows:
-            return CompletedStep(StepResult(plan.step_id, []))
-        tokens = self.sampler(logits, sample_rows) if self.tp.is_driver else None
-        tokens = self.share_samples(tokens, len(sample_rows))
-        # The next plan's PENDING_TOKEN inputs are read from here, on the device.
-        self.last_tokens.index_copy_(0, sampled_rows, tokens)
+        tokens = None
+        if sample_rows:
+            if self.tp.is_driver:
+                tokens, extra.tokens = self.sampler.sample(logits, sample_rows)
+            tokens = self.share_samples(tokens, len(sample_rows))
+            # The next plan's PENDING_TOKEN inputs are read from here, on the device.
+            self.last_tokens.index_copy_(0, sampled_rows, tokens)
         if not self.tp.is_driver:
             return CompletedStep(StepResult(plan.step_id, []))
-        return PendingStep(plan.step_id, tokens)
+        return PendingStep(plan.step_id, tokens, extra)
+
+    def _fits_graphs(self, nums: np.ndarray, spans: list) -> bool:
+        """Pure decode batches within the captured sizes; a step that scores prompt tokens
+        needs its hidden states, which the graphs do not keep."""
+        return (
+            self.graphs is not None
+            and not spans
+            and (nums == 1).all()
+            and len(nums) <= self.graphs.max_batch
+        )
 
     def _forward_eager(
         self,
@@ -228,16 +254,21 @@ class CudaModelRunner(ModelRunner):
 
 
 class PendingStep:
-    """A launched step: its sampled tokens are being copied to pinned host memory."""
+    """A launched step: its sampled tokens and any logprobs are being copied to pinned host
+    memory, all behind one event."""
 
-    def __init__(self, step_id: int, tokens: torch.Tensor) -> None:
+    def __init__(self, step_id: int, tokens: torch.Tensor | None, extra: StepLogprobs) -> None:
         self.step_id = step_id
-        self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        self.host.copy_(tokens, non_blocking=True)
+        self.host = None
+        if tokens is not None:
+            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.host.copy_(tokens, non_blocking=True)
+        self.extra = extra.to_host()
         self.done = torch.cuda.Event()
         self.done.record()
 
     def result(self) -> StepResult:
         """The step's one host synchronisation; called on the executor's completion thread."""
         self.done.synchronize()
-        return StepResult(self.step_id, self.host.tolist())
+        tokens = self.host.tolist() if self.host is not None else []
+        return self.extra.result(self.step_id, tokens)

@@ -15,6 +15,12 @@ import torch
 
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
+from aioworker.compute.logprobs import (
+    StepLogprobs,
+    prompt_logprob_tensors,
+    prompt_rows,
+    prompt_spans,
+)
 from aioworker.compute.parallel import TensorParallel
 from aioworker.compute.sampler import Sampler, SampleRow
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
@@ -30,6 +36,7 @@ class _SeqState:
     num_prompt_tokens: int
     sampling: SamplingSettings
     last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
+    prompt_token_ids: list[int] | None = None  # only where prompt logprobs are asked for
 
 
 class StepHandle(Protocol):
@@ -73,6 +80,8 @@ class ModelRunner:
         self.device = device
         self.tp = tp
         self.seqs: dict[int, _SeqState] = {}
+        # Sequences that asked for prompt logprobs: steps without any skip looking for them.
+        self.scoring_prompts: set[int] = set()
         self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
 
     def drop_graphs(self) -> None:
@@ -94,20 +103,35 @@ class ModelRunner:
             return CompletedStep(StepResult(plan.step_id, []))
         inputs = self.prepare_inputs(plan)
         hidden = self.model(inputs.token_ids, inputs.positions, inputs.attn)
-        if not inputs.sample_rows:
+        spans = prompt_spans(plan, self.seqs) if self.scoring_prompts else []
+        num_rows = len(inputs.sample_rows)
+        if not num_rows and not spans:
             return CompletedStep(StepResult(plan.step_id, []))
-        logits = self.model.compute_logits(hidden[inputs.sample_idx])
-        tokens = self.share_samples(
-            self.sampler(logits, inputs.sample_rows) if self.tp.is_driver else None,
-            len(inputs.sample_rows),
-        )
+        rows = inputs.sample_idx
+        if spans:
+            rows = torch.cat([rows, torch.tensor(prompt_rows(spans), device=self.device)])
+        # One call for both: under tensor parallelism it is a collective every rank makes.
+        logits = self.model.compute_logits(hidden[rows])
+        extra = StepLogprobs([row.sampling.logprobs for row in inputs.sample_rows])
+        if self.tp.is_driver and spans:
+            extra.spans, extra.prompt = spans, prompt_logprob_tensors(logits[num_rows:], spans)
+        token_list = []
+        if num_rows:
+            tokens = None
+            if self.tp.is_driver:
+                tokens, extra.tokens = self.sampler.sample(logits[:num_rows], inputs.sample_rows)
+            token_list = self.share_samples(tokens, num_rows).tolist()
+            self.remember_samples(plan, token_list)
+        if not self.tp.is_driver:
+            return CompletedStep(StepResult(plan.step_id, []))
+        return CompletedStep(extra.result(plan.step_id, token_list))
+
+    def remember_samples(self, plan: StepPlan, token_ids: list[int]) -> None:
         sampled_ids = [
             s for s, do_sample in zip(plan.seq_ids, plan.sample, strict=True) if do_sample
         ]
-        token_list = tokens.tolist()
-        for seq_id, token in zip(sampled_ids, token_list, strict=True):
+        for seq_id, token in zip(sampled_ids, token_ids, strict=True):
             self.seqs[seq_id].last_sampled = token
-        return CompletedStep(StepResult(plan.step_id, token_list if self.tp.is_driver else []))
 
     def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
         """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the
@@ -138,8 +162,13 @@ class ModelRunner:
     def apply_plan_state(self, plan: StepPlan) -> None:
         for seq_id in plan.released_seq_ids:
             self.seqs.pop(seq_id, None)
+            self.scoring_prompts.discard(seq_id)
         for new in plan.new_seqs:
-            self.seqs[new.seq_id] = _SeqState([], new.num_prompt_tokens, new.sampling)
+            self.seqs[new.seq_id] = _SeqState(
+                [], new.num_prompt_tokens, new.sampling, prompt_token_ids=new.prompt_token_ids
+            )
+            if new.sampling.prompt_logprobs >= 0:
+                self.scoring_prompts.add(new.seq_id)
         for seq_id, block_ids in zip(plan.seq_ids, plan.new_block_ids, strict=True):
             state = self.seqs.get(seq_id)
             if state is None:

@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking.
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking, and
+the sampled tokens' logprobs (compute/logprobs.py).
 
 Sampling draws Exp(1) noise and takes argmax(p / noise), which picks token i with probability
 p_i. A seeded request draws its noise from a generator seeded by (seed, position of the token),
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aioworker.compute.logprobs import LogprobTensors, gather_logprobs, scaled_log_softmax
 from aioworker.core.plan import SamplingSettings
 
 _MASK64 = (1 << 64) - 1
@@ -38,13 +40,29 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
+        return self.sample(logits, rows)[0]
+
+    def sample(
+        self, logits: torch.Tensor, rows: list[SampleRow]
+    ) -> tuple[torch.Tensor, LogprobTensors | None]:
+        """The sampled token ids, and their logprobs where any row asked for them."""
         logits = logits.float()
         _mask_stop_tokens(logits, rows)
+        k = max(row.sampling.logprobs for row in rows)
+        all_greedy = all(row.sampling.temperature == 0.0 for row in rows)
+        temperatures = None
+        if k >= 0 or not all_greedy:
+            temperatures = _on(logits.device, [row.sampling.temperature or 1.0 for row in rows])
+        token_ids = logits.argmax(dim=-1) if all_greedy else self._draw(logits, rows, temperatures)
+        if k < 0:
+            return token_ids, None
+        return token_ids, gather_logprobs(scaled_log_softmax(logits, temperatures), token_ids, k)
+
+    def _draw(
+        self, logits: torch.Tensor, rows: list[SampleRow], temperatures: torch.Tensor
+    ) -> torch.Tensor:
         greedy_ids = logits.argmax(dim=-1)
-        if all(row.sampling.temperature == 0.0 for row in rows):
-            return greedy_ids
-        temperatures = [row.sampling.temperature or 1.0 for row in rows]
-        logits = logits / _on(logits.device, temperatures)[:, None]
+        logits = logits / temperatures[:, None]
         logits = _apply_top_k_top_p(logits, rows)
         probs = torch.softmax(logits, dim=-1)
         sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)

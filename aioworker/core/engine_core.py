@@ -25,6 +25,7 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.core.scheduler import Scheduler
 from aioworker.core.sequence import Sequence
+from aioworker.core.text_stops import TextStops
 
 # Steps launched ahead: one running, one queued behind it on the device.
 MAX_IN_FLIGHT = 2
@@ -50,6 +51,7 @@ class EngineCore:
         self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         self.eos_token_ids = loaded.eos_token_ids
         self.max_waiting = options.max_waiting
+        self.text_stops = TextStops(loaded.tokenizer)
         blocks = BlockManager(num_blocks or loaded.num_blocks, loaded.block_size)
         self.scheduler = Scheduler(
             blocks, options.max_num_seqs, options.max_num_batched_tokens, loaded.max_model_len
@@ -68,6 +70,7 @@ class EngineCore:
         if request_id in self.scheduler.seqs_by_request:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         self.validator.check(prompt_token_ids, params)
+        self.text_stops.check(params.stop)
         if len(self.scheduler.waiting) >= self.max_waiting:
             raise QueueFull(
                 f"{len(self.scheduler.waiting)} requests are waiting already "
@@ -77,10 +80,12 @@ class EngineCore:
             next(self._seq_ids), request_id, prompt_token_ids, params, self.eos_token_ids
         )
         self.scheduler.add(seq)
+        self.text_stops.add(request_id, params.stop)
 
     def abort(self, request_id: str) -> bool:
         """End a request now and free its KV blocks; False if it is unknown or already ended.
         Tokens of steps still in flight for it are dropped when they arrive."""
+        self.text_stops.discard(request_id)
         seq = self.scheduler.seqs_by_request.get(request_id)
         return seq is not None and self.scheduler.abort(seq.seq_id) is not None
 
@@ -135,7 +140,10 @@ class EngineCore:
         """The oldest step's result: tokens appended, finished requests ended; its outputs."""
         step = self.in_flight.popleft()
         self.last_step_id = step.plan.step_id
-        return self.scheduler.update(step.plan, result, self.weights_version)
+        outputs = self.scheduler.update(step.plan, result, self.weights_version)
+        if self.text_stops:
+            outputs = self.text_stops.apply(outputs, self.scheduler.stop_request)
+        return outputs
 
     def step(self) -> list[RequestOutput]:
         """Blocking: launch what can run, wait for the oldest step and return its outputs."""

@@ -1,10 +1,12 @@
-"""What a built rank tells the torch-free side: the model's vocabulary and stop tokens, the
-longest sequence, and the KV cache's geometry."""
+"""What a built rank tells the torch-free side: the model's vocabulary, stop tokens and
+tokenizer, the longest sequence, and the KV cache's geometry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from aioworker.core.detokenizer import Decodes
 
 
 @dataclass(frozen=True)
@@ -18,3 +20,5 @@ class LoadedRank:
     device: str
     dtype: str
     load_seconds: float
+    # The model's tokenizer where its directory has one (stop strings need it).
+    tokenizer: Decodes | None = None

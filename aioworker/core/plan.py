@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from aioworker.core.outputs import TokenLogprobs
+
 # An input token that the previous step samples: the executor takes it from its own record of
 # that step's samples, so the next plan can be built while the previous step still runs.
 PENDING_TOKEN = -1
@@ -23,12 +25,19 @@ class SamplingSettings(msgspec.Struct, array_like=True, frozen=True, forbid_unkn
     min_tokens: int
     # Logits of these are masked while the sequence has fewer than min_tokens outputs.
     stop_token_ids: list[int]
+    # Alternatives to return with each sampled token's logprob (-1: no logprobs).
+    logprobs: int = -1
+    # The same for prompt tokens (-1: none, or all already computed before a preemption).
+    prompt_logprobs: int = -1
 
 
 class NewSeq(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     seq_id: int
     num_prompt_tokens: int
     sampling: SamplingSettings
+    # Only where prompt logprobs are asked for: each prompt position is scored against the next
+    # prompt token, which a chunk's own inputs do not always hold.
+    prompt_token_ids: list[int] = []
 
 
 class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,7 +67,19 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return not self.seq_ids
 
 
+class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """Logprobs of the prompt tokens at positions first_position, first_position + 1, ... of
+    one sequence, from one step's chunk of its prompt."""
+
+    seq_id: int
+    first_position: int
+    entries: list[TokenLogprobs]
+
+
 class StepResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step_id: int
     # One token per sequence whose `sample` flag was set, in plan order.
     sampled_token_ids: list[int]
+    # Parallel to sampled_token_ids when any of them asked for logprobs (None where one did not).
+    logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: list[PromptLogprobs] = []

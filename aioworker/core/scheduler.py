@@ -106,6 +106,12 @@ class Scheduler:
         self._finish(seq, FinishReason.ABORT)
         return seq
 
+    def stop_request(self, request_id: str) -> None:
+        """End a request with "stop" now (its text completed a stop string)."""
+        seq = self.seqs_by_request.get(request_id)
+        if seq is not None:
+            self._finish(seq, FinishReason.STOP)
+
     def preempt_all(self) -> int:
         """Send every running sequence back to waiting (its KV cache is being freed); they are
         recomputed from their tokens later. Returns how many."""
@@ -134,7 +140,9 @@ class Scheduler:
         """Append sampled tokens, finish sequences that stop; returns one output per sampled token."""
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
+        self._keep_prompt_logprobs(result)
         sampled = iter(result.sampled_token_ids)
+        logprobs = iter(result.logprobs) if result.logprobs is not None else None
         outputs: list[RequestOutput] = []
         step_id = plan.step_id
         find, running = self.seqs.get, SeqStatus.RUNNING  # locals: this loop runs per sequence
@@ -143,6 +151,7 @@ class Scheduler:
             if not do_sample:
                 continue
             token_id = next(sampled)
+            entry = next(logprobs) if logprobs is not None else None
             seq = find(seq_id)
             if seq is None:
                 continue  # finished or aborted while the step ran
@@ -155,14 +164,21 @@ class Scheduler:
             if reason is not None:
                 self._finish(seq, reason, still_listed=True)
                 finished = True
-            outputs.append(
-                RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
-            )
+            out = RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
+            if entry is not None or seq.prompt_logprobs is not None:
+                out = _with_logprobs(out, seq, entry)
+            outputs.append(out)
         if finished:  # one pass instead of a list.remove per finished sequence
             self.running = [seq for seq in self.running if seq.status is running]
         return outputs
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _keep_prompt_logprobs(self, result: StepResult) -> None:
+        for scored in result.prompt_logprobs:
+            seq = self.seqs.get(scored.seq_id)
+            if seq is not None and seq.prompt_logprobs is not None:
+                seq.add_prompt_logprobs(scored.first_position, scored.entries)
 
     def _schedule_running(self, budget: int, builder: _PlanBuilder) -> tuple[int, bool]:
         """Returns the budget left and whether anything was preempted."""
@@ -267,8 +283,18 @@ class Scheduler:
         return None
 
 
+def _with_logprobs(out: RequestOutput, seq: Sequence, entry) -> RequestOutput:
+    """The token's logprobs, and on a request's first token its prompt's."""
+    if entry is not None:
+        out.logprobs = [entry]
+    if seq.prompt_logprobs is not None and seq.num_output_tokens == 1:
+        out.prompt_logprobs = seq.prompt_logprobs
+    return out
+
+
 def _new_seq(seq: Sequence) -> NewSeq:
     params = seq.params
+    scores_prompt = seq.needs_prompt_logprobs
     settings = SamplingSettings(
         temperature=0.0 if params.is_greedy else params.temperature,
         top_k=params.top_k,
@@ -276,5 +302,8 @@ def _new_seq(seq: Sequence) -> NewSeq:
         seed=params.seed,
         min_tokens=params.min_tokens,
         stop_token_ids=sorted(seq.stop_token_ids) if params.min_tokens else [],
+        logprobs=-1 if params.logprobs is None else params.logprobs,
+        prompt_logprobs=params.prompt_logprobs if scores_prompt else -1,
     )
-    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings)
+    prompt = seq.token_ids[: seq.num_prompt_tokens] if scores_prompt else []
+    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings, prompt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from aioworker.core.outputs import FinishReason
+from aioworker.core.outputs import FinishReason, TokenLogprobs
 from aioworker.core.sampling_params import SamplingParams
 
 
@@ -28,6 +28,7 @@ class Sequence:
         "stop_token_ids",
         "num_pending_tokens",
         "num_stale_tokens",
+        "prompt_logprobs",
     )
 
     def __init__(
@@ -53,6 +54,10 @@ class Sequence:
         self.num_pending_tokens = 0
         # In-flight tokens from before a preemption: they arrive, and are dropped.
         self.num_stale_tokens = 0
+        # Where asked for: one per prompt token after the first, as steps score them.
+        self.prompt_logprobs: list[TokenLogprobs] | None = (
+            [] if params.prompt_logprobs is not None else None
+        )
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -68,6 +73,21 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for, and not all computed yet (a preemption recomputes only what is missing)."""
+        return (
+            self.prompt_logprobs is not None
+            and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
+
+    def add_prompt_logprobs(self, first_position: int, entries: list[TokenLogprobs]) -> None:
+        """Keep the entries for positions not scored yet (position i: prompt token i)."""
+        have = len(self.prompt_logprobs) + 1  # the next position wanted
+        skip = have - first_position
+        if 0 <= skip < len(entries):
+            self.prompt_logprobs.extend(entries[skip:])
 
     @property
     def is_finished(self) -> bool:

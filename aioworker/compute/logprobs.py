@@ -1,0 +1,155 @@
+"""Logprobs on the device: of each sampled token and of prompt tokens, with the top-k
+alternatives, computed in the step that samples and copied to the host with its tokens.
+
+Both are taken under the distribution a token is sampled from: the logits divided by the
+request's temperature (1 for greedy requests), after min_tokens masking, before top-k and top-p
+truncation. Prompt tokens are scored the same way, without the masking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aioworker.core.outputs import TokenLogprobs
+from aioworker.core.plan import PromptLogprobs, StepPlan, StepResult
+
+
+@dataclass(slots=True)
+class LogprobTensors:
+    """Per row: the logprob of its token, and the k most likely tokens with theirs."""
+
+    chosen: torch.Tensor  # [R] float32
+    top_ids: torch.Tensor  # [R, k] int64
+    top_values: torch.Tensor  # [R, k] float32
+
+    def to_host(self) -> LogprobTensors:
+        """Queue the copy to pinned host memory (no wait); on the CPU, the tensors themselves."""
+        if self.chosen.device.type != "cuda":
+            return self
+        return LogprobTensors(
+            *(_pinned_copy(t) for t in (self.chosen, self.top_ids, self.top_values))
+        )
+
+
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobTensors:
+    """logprobs [R, V] (log-softmaxed), token_ids [R] -> each token's logprob and the top k."""
+    chosen = logprobs.gather(1, token_ids.long()[:, None]).squeeze(1)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], logprobs[:, :0])
+    return LogprobTensors(chosen, top_ids.long(), top_values)
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """temperatures [R]: 1 where a request is greedy."""
+    return torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
+
+
+@dataclass(slots=True)
+class PromptSpan:
+    """The prompt positions of one sequence scored in this step: batch rows first_row.. score
+    the tokens at first_position.. (each row predicts the next prompt token)."""
+
+    seq_id: int
+    first_row: int
+    first_position: int
+    targets: list[int]
+    k: int
+    temperature: float
+
+
+def prompt_spans(plan: StepPlan, seqs: dict) -> list[PromptSpan]:
+    """What this step's prompt chunks score, for sequences that asked for prompt logprobs.
+    `seqs`: the runner's per-sequence state (prompt ids and sampling settings)."""
+    spans, offset = [], 0
+    for seq_id, num_tokens, start in zip(
+        plan.seq_ids, plan.num_scheduled_tokens, plan.start_positions, strict=True
+    ):
+        state = seqs[seq_id]
+        k = state.sampling.prompt_logprobs
+        end = min(start + num_tokens, state.num_prompt_tokens - 1)
+        if k >= 0 and end > start:
+            targets = state.prompt_token_ids[start + 1 : end + 1]
+            temperature = state.sampling.temperature or 1.0
+            spans.append(PromptSpan(seq_id, offset, start + 1, targets, k, temperature))
+        offset += num_tokens
+    return spans
+
+
+def prompt_rows(spans: list[PromptSpan]) -> list[int]:
+    return [span.first_row + i for span in spans for i in range(len(span.targets))]
+
+
+def prompt_logprob_tensors(logits: torch.Tensor, spans: list[PromptSpan]) -> LogprobTensors:
+    """logits [P, V] of the rows `prompt_rows(spans)` gives, in that order."""
+    device = logits.device
+    temperatures = torch.tensor([s.temperature for s in spans for _ in s.targets], device=device)
+    targets = torch.tensor([t for s in spans for t in s.targets], device=device)
+    return gather_logprobs(
+        scaled_log_softmax(logits, temperatures), targets, max(s.k for s in spans)
+    )
+
+
+@dataclass(slots=True)
+class StepLogprobs:
+    """What a step computed beyond its tokens: filled on the device, read on the host."""
+
+    token_ks: list[int]  # per sampled row; -1 where it asked for no logprobs
+    tokens: LogprobTensors | None = None
+    spans: list[PromptSpan] | None = None
+    prompt: LogprobTensors | None = None
+
+    def to_host(self) -> StepLogprobs:
+        return StepLogprobs(
+            self.token_ks,
+            self.tokens.to_host() if self.tokens is not None else None,
+            self.spans,
+            self.prompt.to_host() if self.prompt is not None else None,
+        )
+
+    def result(self, step_id: int, token_ids: list[int]) -> StepResult:
+        """The StepResult, once the host copies are complete."""
+        logprobs = None
+        if self.tokens is not None:
+            logprobs = _entries(self.tokens, token_ids, self.token_ks)
+        prompt = []
+        if self.prompt is not None:
+            prompt = _prompt_entries(self.prompt, self.spans)
+        return StepResult(step_id, token_ids, logprobs, prompt)
+
+
+def _entries(
+    host: LogprobTensors, token_ids: list[int], ks: list[int]
+) -> list[TokenLogprobs | None]:
+    chosen, top_ids, top_values = (
+        host.chosen.tolist(),
+        host.top_ids.tolist(),
+        host.top_values.tolist(),
+    )
+    return [
+        TokenLogprobs(token, chosen[i], top_ids[i][:k], top_values[i][:k]) if k >= 0 else None
+        for i, (token, k) in enumerate(zip(token_ids, ks, strict=True))
+    ]
+
+
+def _prompt_entries(host: LogprobTensors, spans: list[PromptSpan]) -> list[PromptLogprobs]:
+    chosen, top_ids, top_values = (
+        host.chosen.tolist(),
+        host.top_ids.tolist(),
+        host.top_values.tolist(),
+    )
+    results, row = [], 0
+    for span in spans:
+        entries = []
+        for token in span.targets:
+            k = span.k
+            entries.append(TokenLogprobs(token, chosen[row], top_ids[row][:k], top_values[row][:k]))
+            row += 1
+        results.append(PromptLogprobs(span.seq_id, span.first_position, entries))
+    return results
