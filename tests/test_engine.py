@@ -11,9 +11,11 @@ import pytest
 
 from aioworker.checkpoint.model_config import ModelConfigError
 from aioworker.checkpoint.source import ModelNotFoundError
+from aioworker.core.detokenizer import IncrementalDetokenizer
 from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import make_engine
+from tests.logprob_checks import assert_logprobs_close
 
 NUM_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
@@ -29,13 +31,21 @@ def workload(embedded_engine):
     prompts = [[rng.randrange(200, 40000) for _ in range(rng.randint(5, 120))] for _ in range(6)]
     params = [GREEDY if i % 2 else msgspec.structs.replace(SEEDED, seed=i) for i in range(6)]
     target = embedded_engine.encode("Name three colours of the rainbow.", chat=True)
-    return prompts + [target, target], params + [GREEDY, SEEDED]
+    # The targets also ask for logprobs: preemption and chunking must not change them either.
+    scored = {"logprobs": 5, "prompt_logprobs": 2}
+    targets = [msgspec.structs.replace(p, **scored) for p in (GREEDY, SEEDED)]
+    return prompts + [target, target], params + targets
 
 
 @pytest.fixture(scope="module")
-def batch_outputs(embedded_engine, workload):
+def batch_completions(embedded_engine, workload):
     prompts, params = workload
-    return [c.token_ids for c in embedded_engine.generate(prompts, params)]
+    return embedded_engine.generate(prompts, params)
+
+
+@pytest.fixture(scope="module")
+def batch_outputs(batch_completions):
+    return [c.token_ids for c in batch_completions]
 
 
 def test_request_alone_equals_request_in_a_batch_of_8(
@@ -49,7 +59,7 @@ def test_request_alone_equals_request_in_a_batch_of_8(
 
 
 def test_preempted_and_chunked_requests_give_unchanged_output(
-    embedded_model_dir, workload, batch_outputs
+    embedded_model_dir, workload, batch_outputs, batch_completions
 ) -> None:
     prompts, params = workload
     # 20 blocks of 16 tokens cannot hold 8 growing sequences; a 48-token budget chunks prompts.
@@ -69,10 +79,15 @@ def test_preempted_and_chunked_requests_give_unchanged_output(
         original(seq),
     )
     try:
-        outputs = [c.token_ids for c in engine.generate(prompts, params)]
+        completions = engine.generate(prompts, params)
     finally:
         engine.close()
-    assert outputs == batch_outputs
+    assert [c.token_ids for c in completions] == batch_outputs
+    for index in (6, 7):
+        assert_logprobs_close(completions[index].logprobs, batch_completions[index].logprobs)
+        prompt_scores = completions[index].prompt_logprobs
+        assert_logprobs_close(prompt_scores, batch_completions[index].prompt_logprobs)
+        assert len(prompt_scores) == len(prompts[index]) - 1
     # Both targets (seq ids 6 and 7) were preempted after producing some tokens.
     midway = {seq_id for seq_id, num_outputs in preempted if 0 < num_outputs < NUM_TOKENS}
     assert {6, 7} <= midway
@@ -85,6 +100,38 @@ def test_real_answer_paris(embedded_engine) -> None:
     )
     assert "Paris" in completion.text
     assert completion.finish_reason is FinishReason.STOP  # stopped at <|im_end|>
+
+
+def boundary_stop(tokenizer, token_ids: list[int]) -> tuple[str, int]:
+    """A stop string made of the end of one token's text and the start of the next's, first
+    seen there; and the index of the token that completes it."""
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = [detokenizer.add([t]) for t in token_ids]
+    text = "".join(pieces)
+    for k in range(2, len(pieces) - 1):
+        left, right = pieces[k], pieces[k + 1]
+        if len(left.strip()) >= 3 and len(right.strip()) >= 3:
+            stop = left[-2:] + right[:2]
+            if text.find(stop) == len("".join(pieces[:k])) + len(left) - 2:
+                return stop, k + 1
+    raise AssertionError(f"no two neighbouring tokens of 3+ characters in {text!r}")
+
+
+def test_a_stop_string_split_across_two_tokens_ends_the_request_there(embedded_engine) -> None:
+    prompt = embedded_engine.encode("Describe the city of Paris in detail.", chat=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    [free_run] = embedded_engine.generate([prompt], params)
+    stop, last_index = boundary_stop(embedded_engine.tokenizer, free_run.token_ids)
+    free_blocks = embedded_engine.block_manager.num_free_blocks
+
+    stopped = msgspec.structs.replace(params, stop=("never appears", stop))
+    [completion] = embedded_engine.generate([prompt], stopped)
+
+    assert completion.finish_reason is FinishReason.STOP and completion.stop_string == stop
+    # The request ended on the token that completed the stop string: no further step.
+    assert completion.token_ids == free_run.token_ids[: last_index + 1]
+    assert completion.text == free_run.text[: free_run.text.find(stop)]
+    assert embedded_engine.block_manager.num_free_blocks == free_blocks
 
 
 def test_abort_ends_a_request_and_frees_its_blocks(embedded_engine) -> None:

@@ -154,12 +154,18 @@ def w5_static_batch(engine, batch: int, vocab: int) -> StaticBatch:
     )
 
 
-def w1_tokens_per_s(engine) -> tuple[float, int]:
+def w1_tokens_per_s(engine, logprobs: int | None = None) -> tuple[float, int]:
+    """nano-vllm's bench.py draws; `logprobs`: each sampled token's logprob and top k too."""
     rng = random.Random(0)
     num_seqs = 256
     prompts = [random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(num_seqs)]
     params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(100, 1024))
+        SamplingParams(
+            temperature=0.6,
+            ignore_eos=True,
+            max_tokens=rng.randint(100, 1024),
+            logprobs=logprobs,
+        )
         for _ in range(num_seqs)
     ]
     engine.generate(prompts[:4], SamplingParams(max_tokens=8))  # warm-up

@@ -54,7 +54,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument(
         "--ignore-eos", action="store_true", help="do not stop at the model's EOS token"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    sampling.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the output where TEXT appears, without it (repeatable)",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    output.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="K",
+        help="with --json: each generated token's logprob and its K likeliest alternatives (0-20)",
+    )
+    output.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        metavar="K",
+        help="with --json: the same for every prompt token after the first",
+    )
     remote = parser.add_argument_group("remote (a running deployment instead of this process)")
     remote.add_argument(
         "--connect",
@@ -85,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
             ignore_eos=args.ignore_eos,
+            stop=tuple(args.stop),
+            logprobs=args.logprobs,
+            prompt_logprobs=args.prompt_logprobs,
         )
         params.validate()  # before the model loads, so a typo fails fast
+        if not args.json and (args.logprobs is not None or args.prompt_logprobs is not None):
+            raise ValueError("--logprobs and --prompt-logprobs show only with --json; add it")
         if not 0 < args.timeout <= 7 * 86400:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, more than 0, up to a week")
         config = config_from_args(args)
@@ -113,11 +138,10 @@ def _run_offline(args, config, prompts: list, params: SamplingParams) -> int:
             ]
         except (InvalidRequestError, ValueError) as exc:
             return fail(str(exc))
-        printer = ResultPrinter(engine.tokenizer, prompts, args.json)
+        printer = ResultPrinter(engine.tokenizer, prompts, args.json, params.stop)
         index_of = {rid: index for index, rid in enumerate(request_ids)}
         for out in engine.stream():
-            reason = None if out.finish_reason is None else str(out.finish_reason)
-            printer.add(index_of[out.request_id], out.token_ids, reason)
+            printer.add(index_of[out.request_id], out)
         return printer.finish()
 
 

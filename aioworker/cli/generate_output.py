@@ -1,5 +1,6 @@
 """How `aioworker generate` shows results, offline or remote: one prompt streams to the terminal,
-several print as blocks when each finishes, and --json prints one object per prompt at the end."""
+several print as blocks when each finishes, and --json prints one object per prompt at the end
+(with logprobs, where asked for)."""
 
 from __future__ import annotations
 
@@ -7,56 +8,91 @@ import json
 import sys
 
 from aioworker.checkpoint.tokenizer import Tokenizer
-from aioworker.core.detokenizer import IncrementalDetokenizer
+from aioworker.core.outputs import Completion, RequestOutput, TokenLogprobs
+from aioworker.core.text_stream import TextStream
 
 
 class ResultPrinter:
-    def __init__(self, tokenizer: Tokenizer | None, prompts: list, as_json: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        prompts: list,
+        as_json: bool,
+        stop: tuple[str, ...] = (),
+    ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
         self.as_json = as_json
-        self.token_ids: list[list[int]] = [[] for _ in prompts]
-        self.reasons: list[str | None] = [None] * len(prompts)
-        self.errors: list[str | None] = [None] * len(prompts)
+        self.completions = [Completion(str(index)) for index in range(len(prompts))]
+        # Text as the workers cut it: without a stop string, or anything after it.
+        self.texts = [TextStream(tokenizer, stop) if tokenizer else None for _ in prompts]
         self.stream_live = not as_json and len(prompts) == 1 and tokenizer is not None
-        self._detokenizer = IncrementalDetokenizer(tokenizer) if self.stream_live else None
-        self._streamed = ""
 
-    def add(
-        self, index: int, token_ids: list[int], finish_reason: str | None, error: str | None = None
-    ) -> None:
-        self.token_ids[index] += token_ids
-        if self._detokenizer is not None and token_ids:
-            delta = self._detokenizer.add(token_ids)
-            self._streamed += delta
-            sys.stdout.write(delta)
-            sys.stdout.flush()
-        if finish_reason is None:
+    def add(self, index: int, out: RequestOutput) -> None:
+        completion, stream = self.completions[index], self.texts[index]
+        completion.add(out)
+        if stream is not None:
+            delta = stream.add(out.token_ids) + (stream.finish() if out.finished else "")
+            completion.text += delta
+            if self.stream_live:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+        if not out.finished:
             return
-        self.reasons[index], self.errors[index] = finish_reason, error
-        if error:
-            print(f"aioworker: prompt {index} ended ({finish_reason}): {error}", file=sys.stderr)
+        if out.error:
+            print(
+                f"aioworker: prompt {index} ended ({out.finish_reason}): {out.error}",
+                file=sys.stderr,
+            )
         if not self.stream_live and not self.as_json:
             print(f"--- prompt {index} ---\n{self.text(index)}", flush=True)
 
     def text(self, index: int) -> str | None:
-        return self.tokenizer.decode(self.token_ids[index]) if self.tokenizer else None
+        return self.completions[index].text if self.tokenizer else None
 
     def finish(self) -> int:
         """Print what remains; returns the exit code (1 if any request failed)."""
         if self.stream_live:
-            # The detokenizer holds back incomplete UTF-8; print whatever it still holds.
-            sys.stdout.write((self.text(0) or "")[len(self._streamed) :] + "\n")
+            sys.stdout.write("\n")
         if self.as_json:
             for index, prompt in enumerate(self.prompts):
-                record = {
-                    "index": index,
-                    "prompt": prompt,
-                    "token_ids": self.token_ids[index],
-                    "text": self.text(index),
-                    "finish_reason": self.reasons[index],
-                }
-                if self.errors[index]:
-                    record["error"] = self.errors[index]
-                print(json.dumps(record, ensure_ascii=False))
-        return 1 if any(reason == "error" for reason in self.reasons) else 0
+                print(json.dumps(self.record(index, prompt), ensure_ascii=False))
+        reasons = [c.finish_reason for c in self.completions]
+        return 1 if any(reason == "error" for reason in reasons) else 0
+
+    def record(self, index: int, prompt) -> dict:
+        completion = self.completions[index]
+        record = {
+            "index": index,
+            "prompt": prompt,
+            "token_ids": completion.token_ids,
+            "text": self.text(index),
+            "finish_reason": completion.finish_reason and str(completion.finish_reason),
+        }
+        if completion.stop_string is not None:
+            record["stop_string"] = completion.stop_string
+        if completion.logprobs is not None:
+            record["logprobs"] = [self._entry(e) for e in completion.logprobs]
+        if completion.prompt_logprobs is not None:
+            record["prompt_logprobs"] = [self._entry(e) for e in completion.prompt_logprobs]
+        if completion.error:
+            record["error"] = completion.error
+        return record
+
+    def _entry(self, entry: TokenLogprobs) -> dict:
+        """A token's logprob, with its text where there is a tokenizer."""
+        top = [
+            {"token_id": t, "logprob": lp, **self._token_text(t)}
+            for t, lp in zip(entry.top_token_ids, entry.top_logprobs, strict=True)
+        ]
+        return {
+            "token_id": entry.token_id,
+            "logprob": entry.logprob,
+            **self._token_text(entry.token_id),
+            "top_logprobs": top,
+        }
+
+    def _token_text(self, token_id: int) -> dict:
+        if self.tokenizer is None:
+            return {}
+        return {"token": self.tokenizer.decode([token_id], skip_special_tokens=False)}

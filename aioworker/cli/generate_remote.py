@@ -35,7 +35,7 @@ def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams
         )
     except ValueError as exc:
         return fail(str(exc))
-    printer = ResultPrinter(tokenizer, prompts, args.json)
+    printer = ResultPrinter(tokenizer, prompts, args.json, params.stop)
     run = _run(client, token_prompts, params, printer, args.timeout)
     try:
         asyncio.run(asyncio.wait_for(run, args.timeout + DEADLINE_SLACK_S))
@@ -62,7 +62,7 @@ async def _run(
 
         async def consume(index: int, stream) -> None:
             async for out in stream:
-                printer.add(index, out.token_ids, out.finish_reason, out.error)
+                printer.add(index, out)
 
         await asyncio.gather(*(consume(i, s) for i, s in enumerate(streams)))
 

@@ -20,6 +20,7 @@ def test_generate_json_gives_one_object_per_prompt(embedded_model_dir) -> None:
     result = aioworker(
         "generate", "--json", "--model", str(embedded_model_dir),
         "--prompt-token-ids", "[[1, 2, 3], [4, 5]]", "--prompt", "The sky is", "--max-tokens", "5",
+        "--ignore-eos", "--logprobs", "2", "--prompt-logprobs", "1",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
@@ -28,6 +29,21 @@ def test_generate_json_gives_one_object_per_prompt(embedded_model_dir) -> None:
     # Text prompts come first, then token-id prompts.
     assert records[0]["prompt"] == "The sky is" and isinstance(records[0]["text"], str)
     assert records[1]["prompt"] == [1, 2, 3]
+    for record in records:
+        assert [e["token_id"] for e in record["logprobs"]] == record["token_ids"]
+        assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in record["logprobs"])
+    assert [e["token_id"] for e in records[1]["prompt_logprobs"]] == [2, 3]
+
+
+def test_generate_stop_string_cuts_the_answer(embedded_model_dir) -> None:
+    result = aioworker(
+        "generate", "--chat", "--json", "--prompt", "What is the capital of France?",
+        "--stop", "Paris", "--model", str(embedded_model_dir),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    [record] = [json.loads(line) for line in result.stdout.splitlines()]
+    assert record["finish_reason"] == "stop" and record["stop_string"] == "Paris"
+    assert record["text"] and "Paris" not in record["text"]
 
 
 def test_generate_streams_a_chat_answer(embedded_model_dir) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from aioworker.config import load_config
 from aioworker.core.sampling_params import SamplingParams
+from tests.logprob_checks import assert_entry_matches, assert_logprobs_close
 from tests.plans import empty_plan, prefill_plan
 from tests.tiny_models import build_tiny_model
 
@@ -94,6 +95,33 @@ def test_bf16_parity_with_transformers(arch: str, tmp_path) -> None:
             expected_logits = reference(torch.tensor([batch[-1]], device="cuda")).logits[0].float()
         got = prefill_logits(eng, batch[-1])
         assert ((got - expected_logits).norm() / expected_logits.norm()).item() <= 2e-2
+    finally:
+        eng.close()
+
+
+def test_logprobs_on_the_gpu_match_transformers_in_float32(tmp_path) -> None:
+    """Sampled-token logprobs (decode steps through the CUDA graphs) and prompt logprobs (the
+    eager path), against transformers' log-softmax of the same logits."""
+    build_tiny_model("llama", tmp_path, logit_scale=4.0)
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).cuda().eval()
+    eng = engine(tmp_path, **{"model.dtype": "float32"})
+    params = SamplingParams(
+        temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, logprobs=5, prompt_logprobs=5
+    )
+    try:
+        assert eng.executor.runner.graphs is not None
+        batch = prompts(reference.config.vocab_size)
+        for prompt, completion in zip(batch, eng.generate(batch, params), strict=True):
+            full = prompt + completion.token_ids
+            with torch.no_grad():
+                logits = reference(torch.tensor([full], device="cuda")).logits[0].float()
+            expected = torch.log_softmax(logits / 0.8, dim=-1).cpu()
+            for i, entry in enumerate(completion.logprobs):
+                assert_entry_matches(entry, expected[len(prompt) - 1 + i], full[len(prompt) + i], 5)
+            for j, entry in enumerate(completion.prompt_logprobs):
+                assert_entry_matches(entry, expected[j], prompt[j + 1], 5)
     finally:
         eng.close()
 
@@ -286,10 +314,12 @@ def test_tp2_over_nccl_equals_tp1_in_float32(tmp_path) -> None:
         "model.max_model_len": 512,
     }
     batch = prompts(384)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5, prompt_logprobs=5
+    )
     engine = make_engine(tmp_path, **settings)
     try:
-        expected = [c.token_ids for c in engine.generate(batch, params)]
+        expected = engine.generate(batch, params)
     finally:
         engine.close()
     config, set_args = deployment(**settings, **{"parallel.tensor_parallel_size": 2})
@@ -300,4 +330,7 @@ def test_tp2_over_nccl_equals_tp1_in_float32(tmp_path) -> None:
 
     with running(config, set_args):
         completions = asyncio.run(scenario())
-    assert [c.token_ids for c in completions] == expected
+    assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    for ours, theirs in zip(completions, expected, strict=True):
+        assert_logprobs_close(ours.logprobs, theirs.logprobs)
+        assert_logprobs_close(ours.prompt_logprobs, theirs.prompt_logprobs)

@@ -7,6 +7,7 @@ import torch
 
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
+from tests.logprob_checks import assert_entry_matches
 from tests.plans import prefill_plan
 from tests.tiny_models import build_tiny_model
 
@@ -88,3 +89,36 @@ def test_embedded_model_matches_transformers(embedded_engine, hf_embedded) -> No
     with torch.no_grad():
         reference = hf_embedded(torch.tensor([prompts[0]])).logits[0]
     assert relative_error(prefill_logits(embedded_engine, prompts[0]), reference) <= 1e-4
+
+
+def reference_logprobs(hf_model, tokens: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at every position of `tokens`, by transformers."""
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([tokens])).logits[0].float()
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_match_transformers_log_softmax(
+    embedded_engine, hf_embedded, temperature: float
+) -> None:
+    """Sampled tokens with their top 5, and prompt tokens with theirs, under the distribution
+    sampled from: logits / temperature (1 when greedy), before top-k and top-p."""
+    prompt = embedded_engine.encode(CHAT_PROMPTS[1], chat=True)
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=0.9,
+        seed=7,
+        max_tokens=12,
+        ignore_eos=True,
+        logprobs=5,
+        prompt_logprobs=5,
+    )
+    [completion] = embedded_engine.generate([prompt], params)
+    reference = reference_logprobs(hf_embedded, prompt + completion.token_ids, temperature or 1.0)
+    assert len(completion.logprobs) == len(completion.token_ids) == 12
+    for i, (entry, token) in enumerate(zip(completion.logprobs, completion.token_ids, strict=True)):
+        assert_entry_matches(entry, reference[len(prompt) - 1 + i], token, 5)
+    assert len(completion.prompt_logprobs) == len(prompt) - 1
+    for j, entry in enumerate(completion.prompt_logprobs):
+        assert_entry_matches(entry, reference[j], prompt[j + 1], 5)

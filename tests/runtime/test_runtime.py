@@ -16,6 +16,7 @@ from aioworker.wire.protocol import RESULT_DECODER, VERSION_FRAME, SubmitRequest
 from aioworker.wire.transport import group_endpoints
 from tests.compute.test_parallel import listening_addresses
 from tests.conftest import EMBEDDED_OVERRIDES
+from tests.logprob_checks import assert_logprobs_close
 from tests.workers import admin, deployment, running
 
 
@@ -75,8 +76,12 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
         embedded_engine.encode(q, chat=True)
         for q in ("What is the capital of France?", "Count to five.")
     ]
-    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)] * 2
-    expected = [c.token_ids for c in embedded_engine.generate(prompts, params)]
+    # Logprobs too: the driver samples from logits gathered across both ranks' vocab shards.
+    scored = SamplingParams(
+        temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5, prompt_logprobs=5
+    )
+    params = [scored, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)]
+    expected = embedded_engine.generate(prompts, params)
     settings = {
         "model.path": str(embedded_model_dir),
         **EMBEDDED_OVERRIDES,
@@ -92,7 +97,10 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
     with running(config, set_args):
         completions = asyncio.run(scenario())
         rendezvous = listening_addresses(dist_port)
-    assert [c.token_ids for c in completions] == expected
+    assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    assert_logprobs_close(completions[0].logprobs, expected[0].logprobs)
+    assert_logprobs_close(completions[0].prompt_logprobs, expected[0].prompt_logprobs)
+    assert completions[1].logprobs is None
     # The rendezvous listens where the group does (127.0.0.1), not on every interface.
     assert rendezvous and all(address.is_loopback for address in rendezvous)
 
