@@ -20,12 +20,7 @@ from aioworker.compute.layers.attention.cuda_backend import (
     PrefillPart,
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
-from aioworker.compute.logprobs import (
-    StepLogprobs,
-    prompt_logprob_tensors,
-    prompt_rows,
-    prompt_spans,
-)
+from aioworker.compute.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError, StepHandle
 from aioworker.core.plan import StepPlan, StepResult
 
@@ -133,13 +128,13 @@ class CudaModelRunner(ModelRunner):
             hidden = self._forward_eager(token_ids, nums, starts, rows, plan)
             if not sample_rows and not spans:
                 return CompletedStep(StepResult(plan.step_id, []))
-            # One call for both: under tensor parallelism it is a collective every rank makes.
-            index = self._to_device(np.asarray(sample_idx + prompt_rows(spans), dtype=np.int64))
-            logits = self.model.compute_logits(hidden[index])
-            if spans and self.tp.is_driver:
-                scored = logits[len(sample_rows) :]
-                extra.spans, extra.prompt = spans, prompt_logprob_tensors(scored, spans)
-            logits = logits[: len(sample_rows)]
+            if spans:
+                extra.spans = spans
+                extra.prompt = score_prompts(
+                    hidden, spans, self.model.compute_logits, self.tp.is_driver
+                )
+            if sample_rows:
+                logits = self.model.compute_logits(hidden[self._to_device(np.asarray(sample_idx))])
             sampled_rows = self._to_device(rows[np.asarray(plan.sample)])
         tokens = None
         if sample_rows:

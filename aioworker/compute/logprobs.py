@@ -82,18 +82,39 @@ def prompt_spans(plan: StepPlan, seqs: dict) -> list[PromptSpan]:
     return spans
 
 
-def prompt_rows(spans: list[PromptSpan]) -> list[int]:
-    return [span.first_row + i for span in spans for i in range(len(span.targets))]
+# Prompt rows scored per pass: a pass holds [rows, vocabulary] float32 logits twice (logits and
+# their log-softmax), as many as the sampler holds for max_num_seqs rows.
+PROMPT_ROWS_PER_PASS = 256
 
 
-def prompt_logprob_tensors(logits: torch.Tensor, spans: list[PromptSpan]) -> LogprobTensors:
-    """logits [P, V] of the rows `prompt_rows(spans)` gives, in that order."""
-    device = logits.device
-    temperatures = torch.tensor([s.temperature for s in spans for _ in s.targets], device=device)
-    targets = torch.tensor([t for s in spans for t in s.targets], device=device)
-    return gather_logprobs(
-        scaled_log_softmax(logits, temperatures), targets, max(s.k for s in spans)
+def score_prompts(
+    hidden: torch.Tensor, spans: list[PromptSpan], compute_logits, is_driver: bool
+) -> LogprobTensors | None:
+    """The prompt logprobs of `spans`, from the step's final hidden states, in passes of at most
+    PROMPT_ROWS_PER_PASS rows so a long prompt chunk never holds all its logits at once.
+    `compute_logits` is a collective under tensor parallelism: every rank makes the same calls,
+    and only the driver keeps the result."""
+    device = hidden.device
+    rows = torch.tensor([s.first_row + i for s in spans for i in range(len(s.targets))])
+    temperatures = torch.tensor([s.temperature for s in spans for _ in s.targets])
+    targets = torch.tensor([t for s in spans for t in s.targets])
+    k = max(s.k for s in spans)
+    parts = []
+    for start in range(0, len(rows), PROMPT_ROWS_PER_PASS):
+        piece = slice(start, start + PROMPT_ROWS_PER_PASS)
+        logits = compute_logits(hidden[rows[piece].to(device)])
+        if is_driver:
+            logprobs = scaled_log_softmax(logits, temperatures[piece].to(device))
+            parts.append(gather_logprobs(logprobs, targets[piece].to(device), k))
+    if not is_driver:
+        return None
+    return LogprobTensors(
+        *(torch.cat(tensors) for tensors in zip(*map(_fields, parts), strict=True))
     )
+
+
+def _fields(tensors: LogprobTensors) -> tuple[torch.Tensor, ...]:
+    return tensors.chosen, tensors.top_ids, tensors.top_values
 
 
 @dataclass(slots=True)

@@ -15,12 +15,7 @@ import torch
 
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
-from aioworker.compute.logprobs import (
-    StepLogprobs,
-    prompt_logprob_tensors,
-    prompt_rows,
-    prompt_spans,
-)
+from aioworker.compute.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.compute.parallel import TensorParallel
 from aioworker.compute.sampler import Sampler, SampleRow
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
@@ -107,19 +102,18 @@ class ModelRunner:
         num_rows = len(inputs.sample_rows)
         if not num_rows and not spans:
             return CompletedStep(StepResult(plan.step_id, []))
-        rows = inputs.sample_idx
-        if spans:
-            rows = torch.cat([rows, torch.tensor(prompt_rows(spans), device=self.device)])
-        # One call for both: under tensor parallelism it is a collective every rank makes.
-        logits = self.model.compute_logits(hidden[rows])
         extra = StepLogprobs([row.sampling.logprobs for row in inputs.sample_rows])
-        if self.tp.is_driver and spans:
-            extra.spans, extra.prompt = spans, prompt_logprob_tensors(logits[num_rows:], spans)
+        if spans:
+            extra.spans = spans
+            extra.prompt = score_prompts(
+                hidden, spans, self.model.compute_logits, self.tp.is_driver
+            )
         token_list = []
         if num_rows:
+            logits = self.model.compute_logits(hidden[inputs.sample_idx])
             tokens = None
             if self.tp.is_driver:
-                tokens, extra.tokens = self.sampler.sample(logits[:num_rows], inputs.sample_rows)
+                tokens, extra.tokens = self.sampler.sample(logits, inputs.sample_rows)
             token_list = self.share_samples(tokens, num_rows).tolist()
             self.remember_samples(plan, token_list)
         if not self.tp.is_driver:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aioworker.compute import logprobs as logprobs_module
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
 from tests.logprob_checks import assert_entry_matches
@@ -98,12 +99,14 @@ def reference_logprobs(hf_model, tokens: list[int], temperature: float) -> torch
     return torch.log_softmax(logits / temperature, dim=-1)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize(("temperature", "rows_per_pass"), [(0.0, 256), (0.7, 7)])
 def test_logprobs_match_transformers_log_softmax(
-    embedded_engine, hf_embedded, temperature: float
+    embedded_engine, hf_embedded, temperature: float, rows_per_pass: int, monkeypatch
 ) -> None:
     """Sampled tokens with their top 5, and prompt tokens with theirs, under the distribution
-    sampled from: logits / temperature (1 when greedy), before top-k and top-p."""
+    sampled from: logits / temperature (1 when greedy), before top-k and top-p. The prompt is
+    scored in one pass, or in passes of 7 rows."""
+    monkeypatch.setattr(logprobs_module, "PROMPT_ROWS_PER_PASS", rows_per_pass)
     prompt = embedded_engine.encode(CHAT_PROMPTS[1], chat=True)
     params = SamplingParams(
         temperature=temperature,

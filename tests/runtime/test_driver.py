@@ -10,7 +10,14 @@ from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from aioworker.wire.health import RankState
 from aioworker.wire.protocol import Outputs, Rejected
-from tests.runtime.inprocess import BLOCK_SIZE, InProcessGroup, RawClient, expected_tokens, run
+from tests.runtime.inprocess import (
+    BLOCK_SIZE,
+    InProcessGroup,
+    RawClient,
+    expected_tokens,
+    inprocess_config,
+    run,
+)
 
 
 def test_requests_are_admitted_stepped_and_leave_no_blocks(inproc_config: WorkerConfig) -> None:
@@ -26,6 +33,7 @@ def test_requests_are_admitted_stepped_and_leave_no_blocks(inproc_config: Worker
 
     (refused, completions), group = run(scenario, inproc_config)
     assert refused.finish_reason == "error" and "outside the vocabulary" in refused.error
+    assert refused.error_kind == "invalid"
     for prompt, completion in zip(prompts, completions, strict=True):
         assert completion.token_ids == expected_tokens(len(prompt), 6)
         assert completion.finish_reason == "length"
@@ -67,6 +75,7 @@ def test_drain_finishes_what_runs_refuses_the_rest_and_stops(inproc_config: Work
 
     (refused, finished), group = run(scenario, inproc_config, step_seconds=0.005)
     assert refused.finish_reason == "error" and "draining" in refused.error
+    assert refused.error_kind == "unavailable"
     for outputs in finished:
         assert outputs[-1].finish_reason == "length"
     assert group.task.result() == 0
@@ -101,3 +110,21 @@ def test_a_duplicate_id_from_the_same_client_is_rejected_without_ending_the_firs
     assert [t for o in outputs for t in o.token_ids] == expected_tokens(3, 20)
     [error] = refused_elsewhere.outputs
     assert error.finish_reason == "error" and "already in use" in error.error
+
+
+def test_past_max_waiting_a_request_is_refused_as_overloaded(tmp_path) -> None:
+    config = inprocess_config(tmp_path, **{"scheduler.max_waiting": 2})
+
+    async def scenario(group: InProcessGroup, client: Client):
+        await group.admin("pause")  # nothing starts: every request waits
+        waiting = [await client.submit([1, 2], SamplingParams(max_tokens=2)) for _ in range(2)]
+        refused = await client.generate([3, 4], SamplingParams(max_tokens=2))
+        await group.admin("resume")
+        finished = [[out async for out in stream][-1] for stream in waiting]
+        return refused, finished
+
+    (refused, finished), group = run(scenario, config)
+    assert refused.finish_reason == "error" and refused.error_kind == "overloaded"
+    assert "scheduler.max_waiting" in refused.error
+    assert [out.finish_reason for out in finished] == ["length", "length"]
+    assert group.used_blocks == 0
