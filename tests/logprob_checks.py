@@ -18,5 +18,5 @@ def assert_entry_matches(entry, reference_row, token_id: int, k: int) -> None:
     assert entry.token_id == token_id
     assert abs(entry.logprob - reference_row[token_id].item()) <= 1e-4
     values, ids = reference_row.topk(k)
-    assert entry.top_token_ids == ids.tolist()
+    assert list(entry.top_token_ids) == ids.tolist()
     assert max(abs(a - b) for a, b in zip(entry.top_logprobs, values.tolist(), strict=True)) <= 1e-4

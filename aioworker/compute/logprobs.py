@@ -39,16 +39,24 @@ def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobTensors:
-    """logprobs [R, V] (log-softmaxed), token_ids [R] -> each token's logprob and the top k."""
-    chosen = logprobs.gather(1, token_ids.long()[:, None]).squeeze(1)
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], logprobs[:, :0])
-    return LogprobTensors(chosen, top_ids.long(), top_values)
+def token_logprobs(scaled: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobTensors:
+    """scaled [R, V]: float32 logits already divided by each row's temperature; token_ids [R].
+    log_softmax(x) = x - logsumexp(x), and the top k of `scaled` are those of its log-softmax:
+    so no [R, V] log-softmax is ever written. On the GPU one Triton pass finds both."""
+    if scaled.is_cuda:
+        from aioworker.compute.logprob_kernel import lse_and_top_k
+
+        normaliser, top_values, top_ids = lse_and_top_k(scaled.contiguous(), k)
+    else:
+        normaliser = torch.logsumexp(scaled, dim=-1)
+        top_values, top_ids = scaled.topk(k, dim=-1)
+    chosen = scaled.gather(1, token_ids.long()[:, None]).squeeze(1) - normaliser
+    return LogprobTensors(chosen, top_ids.long(), top_values - normaliser[:, None])
 
 
-def scaled_log_softmax(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """temperatures [R]: 1 where a request is greedy."""
-    return torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
+def scale(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """float32 logits / temperature per row (temperatures [R]: 1 where a request is greedy)."""
+    return logits.float() / temperatures[:, None]
 
 
 @dataclass(slots=True)
@@ -104,8 +112,8 @@ def score_prompts(
         piece = slice(start, start + PROMPT_ROWS_PER_PASS)
         logits = compute_logits(hidden[rows[piece].to(device)])
         if is_driver:
-            logprobs = scaled_log_softmax(logits, temperatures[piece].to(device))
-            parts.append(gather_logprobs(logprobs, targets[piece].to(device), k))
+            scaled = scale(logits, temperatures[piece].to(device))
+            parts.append(token_logprobs(scaled, targets[piece].to(device), k))
     if not is_driver:
         return None
     return LogprobTensors(
@@ -154,7 +162,9 @@ def _entries(
         host.top_values.tolist(),
     )
     return [
-        TokenLogprobs(token, chosen[i], top_ids[i][:k], top_values[i][:k]) if k >= 0 else None
+        TokenLogprobs(token, chosen[i], tuple(top_ids[i][:k]), tuple(top_values[i][:k]))
+        if k >= 0
+        else None
         for i, (token, k) in enumerate(zip(token_ids, ks, strict=True))
     ]
 
@@ -170,7 +180,11 @@ def _prompt_entries(host: LogprobTensors, spans: list[PromptSpan]) -> list[Promp
         entries = []
         for token in span.targets:
             k = span.k
-            entries.append(TokenLogprobs(token, chosen[row], top_ids[row][:k], top_values[row][:k]))
+            entries.append(
+                TokenLogprobs(
+                    token, chosen[row], tuple(top_ids[row][:k]), tuple(top_values[row][:k])
+                )
+            )
             row += 1
         results.append(PromptLogprobs(span.seq_id, span.first_position, entries))
     return results

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.logprobs import LogprobTensors, gather_logprobs, scaled_log_softmax
+from aioworker.compute.logprobs import LogprobTensors, token_logprobs
 from aioworker.core.plan import SamplingSettings
 
 _MASK64 = (1 << 64) - 1
@@ -49,21 +49,22 @@ class Sampler:
         logits = logits.float()
         _mask_stop_tokens(logits, rows)
         k = max(row.sampling.logprobs for row in rows)
-        all_greedy = all(row.sampling.temperature == 0.0 for row in rows)
-        temperatures = None
-        if k >= 0 or not all_greedy:
-            temperatures = _on(logits.device, [row.sampling.temperature or 1.0 for row in rows])
-        token_ids = logits.argmax(dim=-1) if all_greedy else self._draw(logits, rows, temperatures)
+        if all(row.sampling.temperature == 0.0 for row in rows):
+            token_ids, scaled = logits.argmax(dim=-1), logits  # temperature 1 for logprobs
+        else:
+            temperatures = [row.sampling.temperature or 1.0 for row in rows]
+            scaled = logits / _on(logits.device, temperatures)[:, None]
+            token_ids = self._draw(logits, scaled, rows)
         if k < 0:
             return token_ids, None
-        return token_ids, gather_logprobs(scaled_log_softmax(logits, temperatures), token_ids, k)
+        return token_ids, token_logprobs(scaled, token_ids, k)
 
     def _draw(
-        self, logits: torch.Tensor, rows: list[SampleRow], temperatures: torch.Tensor
+        self, logits: torch.Tensor, scaled: torch.Tensor, rows: list[SampleRow]
     ) -> torch.Tensor:
+        """`scaled`: logits / temperature, 1 where greedy (those rows take the argmax)."""
         greedy_ids = logits.argmax(dim=-1)
-        logits = logits / temperatures[:, None]
-        logits = _apply_top_k_top_p(logits, rows)
+        logits = _apply_top_k_top_p(scaled, rows)
         probs = torch.softmax(logits, dim=-1)
         sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
         is_greedy = _on(logits.device, [row.sampling.temperature == 0.0 for row in rows])
