@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from aioworker.version import __version__ as __version__
 
 _EXPORTS = {
     "load_config": "aioworker.config",

@@ -5,6 +5,7 @@ Unknown keys are rejected so a typo fails at start-up, naming the key.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -130,6 +131,25 @@ class SecurityOptions(_Section):
     allow_insecure: bool = False
 
 
+class ApiOptions(_Section):
+    """The OpenAI-compatible HTTP server (`aioworker api`, or `serve --api-port`)."""
+
+    # The HTTP server has no authentication of its own: keep it on loopback, or behind a proxy.
+    host: str = "127.0.0.1"
+    # 0: any free port (the server prints the one it got).
+    port: int = 8000
+    # The name clients give as `model`; empty: the last part of model.path.
+    served_model_name: str = ""
+    # The Retry-After header (seconds) of a 429, when a group's queue is full.
+    retry_after_s: int = 1
+    # Each request's deadline in the workers (they abort it then); 0: none.
+    request_timeout_s: float = 600.0
+    # On SIGTERM, open HTTP requests get this long to finish before they are aborted.
+    shutdown_timeout_s: float = 30.0
+    # One log line per HTTP request (uvicorn's access log).
+    access_log: bool = False
+
+
 class WorkerConfig(_Section):
     model: ModelOptions = ModelOptions()
     cache: CacheOptions = CacheOptions()
@@ -138,6 +158,7 @@ class WorkerConfig(_Section):
     parallel: ParallelOptions = ParallelOptions()
     runtime: RuntimeOptions = RuntimeOptions()
     security: SecurityOptions = SecurityOptions()
+    api: ApiOptions = ApiOptions()
 
     def __post_init__(self) -> None:
         _check_positive("cache.block_size", self.cache.block_size)
@@ -163,6 +184,17 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 f"cache.gpu_memory_utilization is {self.cache.gpu_memory_utilization}; "
                 "it must be in (0, 1]"
+            )
+
+        self._check_api()
+
+    def _check_api(self) -> None:
+        if not 0 <= self.api.port < 65536:
+            raise ConfigError(f"api.port is {self.api.port}; give a tcp port (0: any free one)")
+        _check_positive("api.retry_after_s", self.api.retry_after_s)
+        if not 0 <= self.api.request_timeout_s < math.inf:
+            raise ConfigError(
+                f"api.request_timeout_s is {self.api.request_timeout_s}; give seconds (0: none)"
             )
 
     @property

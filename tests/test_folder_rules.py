@@ -11,7 +11,7 @@ from pathlib import Path
 import aioworker
 
 PACKAGE = Path(aioworker.__file__).parent
-TORCH_FREE = ("core", "wire", "runtime", "checkpoint")
+TORCH_FREE = ("core", "wire", "runtime", "checkpoint", "api")
 
 # Never imported from a folder, by module prefix ("aioworker.x" names our folders).
 NEVER = {
@@ -20,6 +20,7 @@ NEVER = {
     "wire": ("torch", "aioworker.compute", "aioworker.runtime"),
     "runtime": ("torch", "aioworker.compute"),
     "checkpoint": ("torch", "aioworker.compute", "aioworker.runtime", "aioworker.wire"),
+    "api": ("torch", "aioworker.compute", "aioworker.runtime"),
 }
 FACES = ("aioworker.cli", "aioworker.bench", "aioworker.engine")
 # Besides the standard library and the package itself: the only outside imports allowed.
@@ -28,6 +29,7 @@ THIRD_PARTY = {
     "wire": {"msgspec", "zmq"},
     "runtime": {"msgspec", "zmq", "uvloop", "prometheus_client"},
     "checkpoint": {"msgspec", "numpy", "gguf", "safetensors", "tokenizers", "jinja2", "tqdm"},
+    "api": {"msgspec", "fastapi", "starlette", "uvicorn", "prometheus_client"},
 }
 # Our modules each folder may import.
 OURS = {
@@ -35,6 +37,14 @@ OURS = {
     "wire": ("aioworker.wire", "aioworker.core", "aioworker.config"),
     "runtime": ("aioworker.runtime", "aioworker.wire", "aioworker.core", "aioworker.config"),
     "checkpoint": ("aioworker.checkpoint",),
+    "api": (
+        "aioworker.api",
+        "aioworker.wire",
+        "aioworker.core",
+        "aioworker.checkpoint",
+        "aioworker.config",
+        "aioworker.version",
+    ),
 }
 
 

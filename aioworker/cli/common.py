@@ -33,7 +33,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+def config_from_args(
+    args: argparse.Namespace, options: dict[str, Any] | None = None
+) -> WorkerConfig:
+    """`options`: a command's own flags as dotted keys (None: not given); like --tp in serve,
+    they win over a --set of the same key."""
     overrides: dict[str, Any] = {
         "model.path": args.model,
         "model.max_model_len": args.max_model_len,
@@ -45,6 +49,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         if not sep:
             raise ConfigError(f"--set {item!r} needs the form KEY=VALUE")
         overrides[key.strip()] = _parse_value(raw.strip())
+    overrides |= {key: value for key, value in (options or {}).items() if value is not None}
     return load_config(args.config, overrides)
 
 

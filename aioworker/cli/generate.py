@@ -10,15 +10,10 @@ import json
 import sys
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.cli.connect import add_connect_argument
 from aioworker.cli.generate_output import ResultPrinter
 from aioworker.config import ConfigError
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
-
-
-class _AppendEndpoint(argparse.Action):
-    def __call__(self, parser, namespace, value, option_string=None) -> None:
-        endpoints = getattr(namespace, self.dest) or []
-        setattr(namespace, self.dest, [*endpoints, value])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,15 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --json: the same for every prompt token after the first",
     )
     remote = parser.add_argument_group("remote (a running deployment instead of this process)")
-    remote.add_argument(
-        "--connect",
-        nargs="?",
-        const="config",
-        metavar="ENDPOINT",
-        help="send the prompts to a running deployment: a group's task endpoint "
-        "(repeat for several groups), or no value to use the endpoints of --config",
-        action=_AppendEndpoint,
-    )
+    add_connect_argument(remote, "send the prompts to a running deployment")
     remote.add_argument(
         "--timeout",
         type=float,

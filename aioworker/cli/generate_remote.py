@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from urllib.parse import urlparse
-
-import msgspec
 
 from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.cli.common import fail
+from aioworker.cli.connect import client_for
 from aioworker.cli.generate_output import ResultPrinter
 from aioworker.config import WorkerConfig
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
-from aioworker.wire.security import ClientSecurity
-from aioworker.wire.transport import (
-    all_group_endpoints,
-    client_reply_endpoint,
-    local_address_towards,
-)
 
 # The workers end the requests at --timeout; this process waits a little longer for their word.
 DEADLINE_SLACK_S = 5.0
@@ -30,9 +22,7 @@ def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams
     tokenizer = _tokenizer(config)
     try:
         token_prompts = [_encode(tokenizer, p, args.chat) for p in prompts]
-        client = Client(
-            *_endpoints(args.connect, config), security=ClientSecurity.from_config(config)
-        )
+        client = client_for(args.connect, config)
     except ValueError as exc:
         return fail(str(exc))
     printer = ResultPrinter(tokenizer, prompts, args.json, params.stop)
@@ -65,26 +55,6 @@ async def _run(
                 printer.add(index, out)
 
         await asyncio.gather(*(consume(i, s) for i, s in enumerate(streams)))
-
-
-def _endpoints(connect: list[str], config: WorkerConfig) -> tuple[list[str], str]:
-    """Task endpoints to submit to, and where to bind this client's result socket."""
-    if connect == ["config"]:
-        groups = all_group_endpoints(
-            config.runtime, config.parallel.tensor_parallel_size, config.parallel.data_parallel_size
-        )
-        return [g.tasks for g in groups], client_reply_endpoint(config.runtime)
-    if "config" in connect:
-        raise ValueError(
-            "give --connect either endpoints or no value (the config's endpoints), not both"
-        )
-    first = urlparse(connect[0])
-    if first.scheme == "ipc":
-        runtime = msgspec.structs.replace(config.runtime, transport="ipc")
-        return connect, client_reply_endpoint(runtime)
-    if first.scheme == "tcp" and first.hostname:
-        return connect, f"tcp://{local_address_towards(first.hostname)}:*"
-    raise ValueError(f"--connect {connect[0]!r} is not an ipc:// or tcp://host:port endpoint")
 
 
 def _tokenizer(config: WorkerConfig) -> Tokenizer | None:

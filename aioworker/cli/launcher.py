@@ -1,4 +1,4 @@
-"""Supervise every rank of a deployment as child processes of one launcher: forward stop signals,
+"""Supervise every rank of a deployment (and its API server) as child processes of one launcher: forward stop signals,
 tear the rest down when one fails, and leave no orphans. Linux only; torch-free.
 
 The launcher blocks SIGTERM, SIGINT and SIGCHLD and takes them one at a time with
@@ -23,16 +23,24 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class ChildCommand:
-    rank: int
+    rank: int  # -1: not a rank (the API server)
     group: int
     argv: list[str]
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank}" if self.rank >= 0 else "api server"
+
+    @property
+    def started_text(self) -> str:
+        return f"{self.name} (group {self.group})" if self.rank >= 0 else self.name
 
 
 class Launcher:
     def __init__(self, commands: list[ChildCommand], stop_timeout_s: float) -> None:
         self.commands = commands
         self.stop_timeout_s = stop_timeout_s
-        self.children: dict[int, subprocess.Popen] = {}  # rank -> process, until reaped
+        self.children: dict[str, subprocess.Popen] = {}  # name -> process, until reaped
         self.exit_code = 0  # the first failure's, as a shell reports it
         self.num_stop_signals = 0
         self.kill_at: float | None = None  # monotonic: when children sent SIGTERM get SIGKILL
@@ -57,12 +65,12 @@ class Launcher:
                 # From this (the main) thread: PDEATHSIG fires when the spawning thread exits.
                 process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL, preexec_fn=setup)
             except OSError as exc:
-                report(f"could not start rank {command.rank}: {exc}")
+                report(f"could not start {command.name}: {exc}")
                 self.exit_code = 1
                 self.terminate_all()
                 return
-            self.children[command.rank] = process
-            report(f"started rank {command.rank} (group {command.group}) pid {process.pid}")
+            self.children[command.name] = process
+            report(f"started {command.started_text} pid {process.pid}")
 
     def wait_for_event(self) -> None:
         if self.kill_at is None:
@@ -86,12 +94,12 @@ class Launcher:
 
     def reap(self) -> None:
         # One SIGCHLD may stand for several exits: look at every child.
-        for rank, process in list(self.children.items()):
+        for name, process in list(self.children.items()):
             code = process.poll()
             if code is None:
                 continue
-            del self.children[rank]
-            report(f"rank {rank} (pid {process.pid}) {describe_exit(code)}")
+            del self.children[name]
+            report(f"{name} (pid {process.pid}) {describe_exit(code)}")
             if not self.is_clean_exit(code) and self.exit_code == 0:
                 self.exit_code = shell_exit_code(code)
                 self.terminate_all()

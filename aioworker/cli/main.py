@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "serve": ("serve", "start every local rank of a deployment and supervise them"),
     "worker": ("worker", "run exactly one rank (what a systemd unit runs)"),
+    "api": ("api", "the OpenAI-compatible HTTP server in front of running worker groups"),
     "generate": ("generate", "generate text from prompts, offline or from a running deployment"),
     "admin": ("admin", "control a running worker group: status, pause, drain, abort, ..."),
     "top": ("top", "live table of every rank, from their heartbeats"),

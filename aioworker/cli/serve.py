@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="passed to every rank: no model, made-up tokens (tests, control-plane benchmarks)",
     )
     parser.add_argument(
+        "--api-port",
+        type=int,
+        metavar="PORT",
+        help="also run the OpenAI-compatible HTTP server (`aioworker api`) on this port, under "
+        "the same supervision (0: any free port, printed; its address: api.host)",
+    )
+    parser.add_argument(
         "--stop-timeout",
         type=float,
         default=DEFAULT_STOP_TIMEOUT_S,
@@ -52,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(
             "aioworker serve needs Linux; elsewhere start each rank with `aioworker worker`"
         )
+    if args.api_port is not None and not 0 <= args.api_port < 65536:
+        return fail(f"--api-port {args.api_port}: give a tcp port (0: any free one)")
     if not args.stop_timeout >= 0:
         return fail(f"--stop-timeout {args.stop_timeout:g}: give 0 or more seconds")
     config_argv = worker_config_argv(args)
@@ -64,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         ChildCommand(rank, rank // tp, worker_argv(args, rank, config_argv))
         for rank in range(config.world_size)
     ]
+    if args.api_port is not None:
+        commands.append(ChildCommand(-1, -1, api_argv(args, config_argv)))
     return Launcher(commands, args.stop_timeout).run()
 
 
@@ -92,6 +103,11 @@ def parse_worker_config(config_argv: list[str]) -> WorkerConfig:
     parser = argparse.ArgumentParser(prog="aioworker serve")
     add_config_arguments(parser)
     return config_from_args(parser.parse_args(config_argv))
+
+
+def api_argv(args: argparse.Namespace, config_argv: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "aioworker.cli.main", "--log-level", args.log_level]
+    return [*command, "api", f"--port={args.api_port}", *config_argv]
 
 
 def worker_argv(args: argparse.Namespace, rank: int, config_argv: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestO
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
-from aioworker.wire.health import STALE_AFTER_INTERVALS
+from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
@@ -241,6 +241,10 @@ class Client:
         if group is not None:
             await self._pushes[group].send_multipart(encode(AbortRequest(request_id=request_id)))
 
+    def abort_nowait(self, request_id: str) -> None:
+        """abort() without waiting, from code that cannot await (a cleanup, a callback)."""
+        self._send_abort(request_id)
+
     def _send_abort(self, request_id: str) -> None:
         """Best effort, without waiting: the group may be gone."""
         group = self._owner.get(request_id)
@@ -271,13 +275,25 @@ class Client:
     def num_in_flight(self) -> int:
         return len(self._queues)
 
+    def group_states(self) -> list[str]:
+        """Each group's state from its driver's heartbeats: a RankState, MISSING before its
+        first beat, or STALE once it has gone silent. Empty before start()."""
+        if not self._started:
+            return []
+        return [self._watch.status(group) for group in range(len(self.task_endpoints))]
+
     # -- internals ----------------------------------------------------------------------------
 
     def _pick_group(self) -> int:
-        fewest = min(self._in_flight)
+        """The READY group with the fewest of our requests in flight (ties in turn); with none
+        READY, any group, whose refusal then says why."""
+        states = self.group_states()
+        candidates = [g for g, state in enumerate(states) if state == RankState.READY]
+        candidates = candidates or list(range(len(self.task_endpoints)))
+        fewest = min(self._in_flight[g] for g in candidates)
         while True:
             group = next(self._round_robin)
-            if self._in_flight[group] == fewest:
+            if group in candidates and self._in_flight[group] == fewest:
                 return group
 
     async def _read_results(self) -> None:

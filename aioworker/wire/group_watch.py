@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from aioworker.wire.drops import DropCounter
-from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.health import MISSING, STALE, STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
 from aioworker.wire.security import ClientSecurity
 from aioworker.wire.transport import make_socket
@@ -50,6 +50,8 @@ class GroupWatch:
         self.deadlines = [started + first_beat_timeout_s] * len(heartbeat_endpoints)
         self.intervals = [interval_s] * len(heartbeat_endpoints)
         self.is_lost = [False] * len(heartbeat_endpoints)
+        # Each group's state as its driver last published it; MISSING before its first beat.
+        self.states: list[str] = [MISSING] * len(heartbeat_endpoints)
         self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
@@ -78,6 +80,7 @@ class GroupWatch:
             if beat.rank != 0:
                 continue
             self.intervals[group] = beat.interval_s
+            self.states[group] = beat.state
             if beat.state == RankState.FAILED:
                 self._lose(group, f"group {group} failed: {beat.detail}")
                 continue
@@ -88,6 +91,12 @@ class GroupWatch:
         if not self.is_lost[group] and now > self.deadlines[group]:
             silent = STALE_AFTER_INTERVALS * self.intervals[group]
             self._lose(group, f"group {group} is lost: no heartbeat for {silent:.1f}s")
+
+    def status(self, group: int) -> str:
+        """The group's published state, or STALE once it is lost to silence."""
+        if self.is_lost[group] and self.states[group] != RankState.FAILED:
+            return STALE
+        return self.states[group]
 
     def _lose(self, group: int, reason: str) -> None:
         if not self.is_lost[group]:

@@ -1,0 +1,125 @@
+"""The FastAPI application: the OpenAI routes, health, version and metrics. Bodies are decoded
+with msgspec (strict, and faster than validating through pydantic), so handlers take the raw
+Request."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import msgspec
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from aioworker.api.disconnect import ClientDisconnected, cancelled_on_disconnect
+from aioworker.api.endpoints import Prepared, prepare_chat, prepare_completion
+from aioworker.api.errors import ApiError
+from aioworker.api.event_stream import EventStream
+from aioworker.api.gateway import Gateway
+from aioworker.version import __version__
+from aioworker.wire.protocol import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
+# Not a real HTTP status: what nginx logs for a client that closed its request (nobody sees it).
+CLIENT_CLOSED = 499
+
+
+def json_response(payload: object, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status, media_type="application/json")
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(error.body(), error.status, error.headers, media_type="application/json")
+
+
+def build_app(gateway: Gateway) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.client.start()
+        yield
+        await gateway.client.close()  # aborts whatever is still open
+
+    app = FastAPI(title="aioworker", version=__version__, lifespan=lifespan)
+    started = int(time.time())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await answer(gateway, request, "completions", prepare_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await answer(gateway, request, "chat", prepare_chat)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        model = {"id": gateway.model_name, "object": "model", "created": started}
+        model |= {"owned_by": "aioworker", "max_model_len": gateway.max_model_len}
+        return json_response({"object": "list", "data": [model]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        states = gateway.group_states()
+        ready = gateway.is_ready()
+        groups = [{"group": g, "state": state} for g, state in enumerate(states)]
+        return json_response({"ready": ready, "groups": groups}, 200 if ready else 503)
+
+    @app.get("/version")
+    async def version() -> Response:
+        return json_response({"version": __version__, "protocol_version": PROTOCOL_VERSION})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(ApiError(exc.status_code, str(exc.detail), None, "not_found_error"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return error_response(ApiError(500, message, None, "internal_error"))
+
+    return app
+
+
+async def answer(
+    gateway: Gateway, request: Request, endpoint: str, prepare: Callable[..., Prepared]
+) -> Response:
+    metrics = gateway.metrics
+    metrics.in_flight.inc()
+    status = 200
+    try:
+        prepared = prepare(gateway, await request.body())
+        gateway.check_can_serve()
+        run = prepared.run
+        await run.submit()
+        async with cancelled_on_disconnect(request.receive):
+            if not prepared.stream:
+                return json_response(await run.collect())
+            events = run.events(prepared.include_usage)
+            first = await anext(events)
+        status = -1  # the stream counts itself when it ends
+
+        def on_end(disconnected: bool) -> None:
+            metrics.in_flight.dec()
+            metrics.requests.labels(endpoint, CLIENT_CLOSED if disconnected else 200).inc()
+            if disconnected:
+                metrics.disconnects.inc()
+
+        return EventStream(first, events, on_end)
+    except ApiError as error:
+        status = error.status
+        return error_response(error)
+    except ClientDisconnected:
+        status = CLIENT_CLOSED
+        metrics.disconnects.inc()
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        if status != -1:
+            metrics.in_flight.dec()
+            metrics.requests.labels(endpoint, status).inc()

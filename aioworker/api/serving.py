@@ -1,0 +1,170 @@
+"""One HTTP request in the workers: its choices submitted together, read together (whole, or as
+server-sent events), and aborted together when the client leaves or one of them fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import msgspec
+
+from aioworker.api.choices import Choice
+from aioworker.api.errors import from_output
+from aioworker.api.gateway import Gateway
+from aioworker.api.prompts import Prompt, choice_params
+from aioworker.api.shapes import ChatShape, CompletionShape
+from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import RequestStream
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def is_failure(out: RequestOutput) -> bool:
+    return out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT)
+
+
+class Run:
+    def __init__(
+        self,
+        gateway: Gateway,
+        shape: CompletionShape | ChatShape,
+        prompts: list[Prompt],
+        params: SamplingParams,
+        n: int,
+    ) -> None:
+        self.gateway = gateway
+        self.shape = shape
+        self.started = time.perf_counter()
+        self.id = shape.id_prefix + uuid.uuid4().hex
+        self.created = int(time.time())
+        each = choice_params(params, n)
+        self.jobs = [(p, each[i]) for p in prompts for i in range(n)]
+        self.choices = [
+            Choice(index, prompt, gateway.tokenizer, params.stop)
+            for index, (prompt, _) in enumerate(self.jobs)
+        ]
+        self.num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        self.streams: list[RequestStream] = []
+
+    async def submit(self) -> None:
+        client, timeout_s = self.gateway.client, self.gateway.timeout_s
+        for prompt, params in self.jobs:
+            self.streams.append(await client.submit(prompt.token_ids, params, timeout_s=timeout_s))
+        self.gateway.metrics.prompt_tokens.inc(self.num_prompt_tokens)
+
+    def close(self) -> None:
+        """Abort the choices still running (nobody will read them) and count what was made."""
+        for stream, choice in zip(self.streams, self.choices, strict=False):
+            if choice.finish_reason is None:
+                self.gateway.client.abort_nowait(stream.request_id)
+        self.gateway.metrics.generation_tokens.inc(sum(c.num_tokens for c in self.choices))
+
+    # -- whole answers ------------------------------------------------------------------------
+
+    async def collect(self) -> dict[str, Any]:
+        """The whole answer; ApiError if any choice failed (the others are aborted)."""
+        try:
+            async for choice, out in self._outputs():
+                if is_failure(out):
+                    raise from_output(out, self.gateway.options.retry_after_s)
+                choice.add(out)
+        finally:
+            self.close()
+        return {
+            **self._header(self.shape.object_name),
+            "choices": [self.shape.full_choice(c) for c in self.choices],
+            "usage": self._usage(),
+        }
+
+    # -- streams ------------------------------------------------------------------------------
+
+    async def events(self, include_usage: bool) -> AsyncGenerator[bytes, None]:
+        """Server-sent events. A failure before the first event raises ApiError (the answer is
+        then an HTTP error); after it, it is sent as an error event."""
+        header = self._header(self.shape.chunk_object_name)
+        opened: set[int] = set()
+        try:
+            async for choice, out in self._outputs():
+                if is_failure(out):
+                    error = from_output(out, self.gateway.options.retry_after_s)
+                    if not opened:
+                        raise error
+                    yield b"data: " + error.body() + b"\n\n" + DONE
+                    return
+                yield self._chunk(header, choice, out, opened)
+            if include_usage:
+                yield event({**header, "choices": [], "usage": self._usage()})
+            yield DONE
+        finally:
+            self.close()
+
+    def _chunk(
+        self, header: dict[str, Any], choice: Choice, out: RequestOutput, opened: set[int]
+    ) -> bytes:
+        delta = choice.add(out)
+        is_first = choice.index not in opened
+        chunks = b""
+        if is_first:
+            if not opened:
+                self.gateway.metrics.first_token.observe(time.perf_counter() - self.started)
+            opened.add(choice.index)
+            opening = self.shape.opening(choice)
+            if opening is not None:
+                chunks = event({**header, "choices": [opening]})
+        if delta or out.finished or out.logprobs or (is_first and self.shape.chunk_on_first):
+            body = self.shape.chunk_choice(choice, delta, out, is_first)
+            chunks += event({**header, "choices": [body]})
+        return chunks
+
+    # -- shared -------------------------------------------------------------------------------
+
+    async def _outputs(self) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+        """Every choice's outputs as they come, until each has ended."""
+        if len(self.streams) == 1:
+            async for out in self.streams[0]:
+                yield self.choices[0], out
+            return
+        merged: asyncio.Queue[tuple[Choice, RequestOutput]] = asyncio.Queue()
+
+        async def pump(choice: Choice, stream: RequestStream) -> None:
+            async for out in stream:
+                merged.put_nowait((choice, out))
+
+        pumps = [
+            asyncio.ensure_future(pump(c, s))
+            for c, s in zip(self.choices, self.streams, strict=True)
+        ]
+        try:
+            for _ in range(len(pumps)):
+                while True:
+                    choice, out = await merged.get()
+                    yield choice, out
+                    if out.finished:
+                        break
+        finally:
+            for task in pumps:
+                task.cancel()
+
+    def _header(self, object_name: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.gateway.model_name,
+        }
+
+    def _usage(self) -> dict[str, int]:
+        generated = sum(c.num_tokens for c in self.choices)
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": generated,
+            "total_tokens": self.num_prompt_tokens + generated,
+        }

@@ -1,0 +1,73 @@
+"""Admission over HTTP, against a fake-executor worker and `aioworker api`: a full queue answers
+429 with Retry-After, a group that is not READY 503 naming its state, and /health follows."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.api.service import Process, request, wait_healthy
+from tests.workers import admin, deployment
+
+pytestmark = pytest.mark.slow
+BODY = {"model": "embedded", "prompt": "Hello", "max_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory):
+    config, set_args = deployment(
+        **{
+            "runtime.runtime_dir": str(tmp_path_factory.mktemp("api-fake")),
+            "scheduler.max_num_seqs": 1,
+            "scheduler.max_waiting": 1,
+            "api.retry_after_s": 3,
+        }
+    )
+    worker = Process(
+        ["worker", "--rank", "0", "--fake-executor", "--fake-step-ms", "100", *set_args]
+    )
+    api = Process(["api", "--port", "0", "--model", "embedded", *set_args])
+    try:
+        url = api.url()
+        wait_healthy(url, api, timeout=60)
+        yield url, config
+    finally:
+        api.stop()
+        worker.stop()
+
+
+def test_a_full_queue_answers_429_with_retry_after(fake) -> None:
+    url, _ = fake
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: request(url, "POST", "/v1/completions", BODY), range(6)))
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses.count(200) >= 2 and 429 in statuses, statuses
+    status, headers, body = next(a for a in answers if a[0] == 429)
+    assert headers["retry-after"] == "3"
+    error = json.loads(body)["error"]
+    assert error["type"] == "rate_limit_error" and "max_waiting" in error["message"]
+
+
+def wait_health(url: str, status: int) -> dict:
+    deadline = time.monotonic() + 5
+    while (answer := request(url, "GET", "/health"))[0] != status and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert answer[0] == status, answer
+    return json.loads(answer[2])
+
+
+def test_a_group_that_is_not_ready_answers_503_naming_its_state(fake) -> None:
+    url, config = fake
+    assert admin(config, "pause").ok
+    try:
+        health = wait_health(url, 503)
+        assert health == {"ready": False, "groups": [{"group": 0, "state": "PAUSED"}]}
+        status, _, body = request(url, "POST", "/v1/completions", BODY)
+        assert status == 503 and "group 0 PAUSED" in json.loads(body)["error"]["message"]
+    finally:
+        assert admin(config, "resume").ok
+    wait_health(url, 200)
+    assert request(url, "POST", "/v1/completions", BODY)[0] == 200
