@@ -3,6 +3,8 @@ tokenizer, the served model's name and context length, its options and metrics."
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,12 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.tokenizer)
+        # Response and request ids: unique to this process, cheaper than a uuid each.
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._ids = itertools.count()
+
+    def next_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids):x}"
 
     @classmethod
     def from_config(cls, config: WorkerConfig, client: Client, progress: bool = False) -> Gateway:

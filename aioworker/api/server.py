@@ -6,8 +6,10 @@ start names the port the server got. SIGTERM lets open requests finish for
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -34,7 +36,20 @@ def serve(gateway: Gateway, host: str, port: int, log_level: str = "warning") ->
         access_log=gateway.options.access_log,
         timeout_graceful_shutdown=gateway.options.shutdown_timeout_s,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    if gateway.options.access_log:  # shown whatever --log-level says
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+    _Server(config).run(sockets=[sock])
+
+
+class _Server(uvicorn.Server):
+    """Exits 0 after a graceful stop on SIGTERM or SIGINT: uvicorn would raise the signal again
+    once stopped, and a supervisor would see a process killed by it."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

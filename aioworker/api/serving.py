@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -43,7 +42,7 @@ class Run:
         self.gateway = gateway
         self.shape = shape
         self.started = time.perf_counter()
-        self.id = shape.id_prefix + uuid.uuid4().hex
+        self.id = shape.id_prefix + gateway.next_id()
         self.created = int(time.time())
         each = choice_params(params, n)
         self.jobs = [(p, each[i]) for p in prompts for i in range(n)]
@@ -56,8 +55,10 @@ class Run:
 
     async def submit(self) -> None:
         client, timeout_s = self.gateway.client, self.gateway.timeout_s
-        for prompt, params in self.jobs:
-            self.streams.append(await client.submit(prompt.token_ids, params, timeout_s=timeout_s))
+        for index, (prompt, params) in enumerate(self.jobs):
+            request_id = f"{self.id}-{index}"
+            stream = await client.submit(prompt.token_ids, params, request_id, timeout_s=timeout_s)
+            self.streams.append(stream)
         self.gateway.metrics.prompt_tokens.inc(self.num_prompt_tokens)
 
     def close(self) -> None:
@@ -72,10 +73,11 @@ class Run:
     async def collect(self) -> dict[str, Any]:
         """The whole answer; ApiError if any choice failed (the others are aborted)."""
         try:
-            async for choice, out in self._outputs():
-                if is_failure(out):
-                    raise from_output(out, self.gateway.options.retry_after_s)
-                choice.add(out)
+            async for batch in self._outputs():
+                for choice, out in batch:
+                    if is_failure(out):
+                        raise from_output(out, self.gateway.options.retry_after_s)
+                    choice.add(out)
         finally:
             self.close()
         return {
@@ -92,14 +94,18 @@ class Run:
         header = self._header(self.shape.chunk_object_name)
         opened: set[int] = set()
         try:
-            async for choice, out in self._outputs():
-                if is_failure(out):
-                    error = from_output(out, self.gateway.options.retry_after_s)
-                    if not opened:
-                        raise error
-                    yield b"data: " + error.body() + b"\n\n" + DONE
-                    return
-                yield self._chunk(header, choice, out, opened)
+            async for batch in self._outputs():
+                events = b""
+                for choice, out in batch:
+                    if is_failure(out):
+                        error = from_output(out, self.gateway.options.retry_after_s)
+                        if not opened:
+                            raise error
+                        yield events + b"data: " + error.body() + b"\n\n" + DONE
+                        return
+                    events += self._chunk(header, choice, out, opened)
+                if events:
+                    yield events
             if include_usage:
                 yield event({**header, "choices": [], "usage": self._usage()})
             yield DONE
@@ -126,11 +132,14 @@ class Run:
 
     # -- shared -------------------------------------------------------------------------------
 
-    async def _outputs(self) -> AsyncIterator[tuple[Choice, RequestOutput]]:
-        """Every choice's outputs as they come, until each has ended."""
+    async def _outputs(self) -> AsyncIterator[list[tuple[Choice, RequestOutput]]]:
+        """Every choice's outputs as they come, until each has ended: each batch holds what had
+        arrived by the time the last was taken, so a reader that falls behind catches up in one
+        write instead of one per output."""
         if len(self.streams) == 1:
-            async for out in self.streams[0]:
-                yield self.choices[0], out
+            choice, stream = self.choices[0], self.streams[0]
+            async for out in stream:
+                yield [(choice, out), *((choice, more) for more in stream.ready())]
             return
         merged: asyncio.Queue[tuple[Choice, RequestOutput]] = asyncio.Queue()
 
@@ -142,13 +151,14 @@ class Run:
             asyncio.ensure_future(pump(c, s))
             for c, s in zip(self.choices, self.streams, strict=True)
         ]
+        num_open = len(pumps)
         try:
-            for _ in range(len(pumps)):
-                while True:
-                    choice, out = await merged.get()
-                    yield choice, out
-                    if out.finished:
-                        break
+            while num_open:
+                batch = [await merged.get()]
+                while not merged.empty():
+                    batch.append(merged.get_nowait())
+                num_open -= sum(out.finished for _, out in batch)
+                yield batch
         finally:
             for task in pumps:
                 task.cancel()

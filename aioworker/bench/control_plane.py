@@ -57,7 +57,8 @@ def bench_config() -> WorkerConfig:
     )
 
 
-def start_worker(config: WorkerConfig, step_ms: float = 0.0) -> subprocess.Popen:
+def worker_set_args(config: WorkerConfig) -> list[str]:
+    """The --set options that give a process the benchmark's configuration."""
     sets = {
         "runtime.name": config.runtime.name,
         "runtime.runtime_dir": config.runtime.runtime_dir,
@@ -66,7 +67,11 @@ def start_worker(config: WorkerConfig, step_ms: float = 0.0) -> subprocess.Popen
         "cache.num_blocks": config.cache.num_blocks,
         "model.max_model_len": config.model.max_model_len,
     }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={msgspec.json.encode(v).decode()}")]
+    return [a for k, v in sets.items() for a in ("--set", f"{k}={msgspec.json.encode(v).decode()}")]
+
+
+def start_worker(config: WorkerConfig, step_ms: float = 0.0) -> subprocess.Popen:
+    args = worker_set_args(config)
     command = [
         sys.executable,
         "-m",

@@ -13,15 +13,17 @@ GPU_WORKLOADS = ("w1", "w4", "w5")
 WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
-    "returns at once, against echo baselines; w1, w4, w5: the GPU workloads of docs/benchmarks.md"
+    "returns at once, against echo baselines; api: the HTTP gateway against the raw client, "
+    "fake executor; w1, w4, w5: the GPU workloads of docs/benchmarks.md"
 )
+ALONE = ("control", "api")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         action="append",
-        choices=[*CPU_WORKLOADS, "control", *GPU_WORKLOADS],
+        choices=[*CPU_WORKLOADS, *ALONE, *GPU_WORKLOADS],
         help=WORKLOAD_HELP,
     )
     parser.add_argument(
@@ -40,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         return run_gpu(args.workload, not args.no_reference, args.record)
     if args.workload == ["control"]:
         return run_control_plane(args.record)
-    if args.workload and "control" in args.workload:
-        return fail("run --workload control on its own")
+    if args.workload == ["api"]:
+        return run_api(args.record)
+    if args.workload and set(ALONE) & set(args.workload):
+        return fail("run --workload control or api on its own")
     return run_offline(args)
 
 
@@ -90,6 +94,47 @@ def run_control_plane(record: str | None) -> int:
     print(notes)
     if record:
         append_to_doc(record, "Control plane (fake executor, loopback ipc)", table, notes)
+    return 0
+
+
+def run_api(record: str | None) -> int:
+    import statistics
+
+    from aioworker.bench import api
+    from aioworker.bench.report import append_to_doc, format_table
+
+    runs = api.run()
+    median = {key: statistics.median(values) for key, values in runs.items()}
+
+    def listed(key: str, form: str) -> str:
+        return ", ".join(format(v, form) for v in runs[key])
+
+    rows = [
+        [
+            "first token p50, ms (1 token, one at a time)",
+            f"{median['raw_ms']:.3f} ({listed('raw_ms', '.3f')})",
+            f"{median['api_ms']:.3f} ({listed('api_ms', '.3f')})",
+            f"+{median['api_ms'] - median['raw_ms']:.3f} ms",
+        ],
+        [
+            f"streamed requests/s ({api.STREAM_TOKENS} tokens, {api.CONCURRENCY} connections)",
+            f"{median['raw_rps']:,.0f} ({listed('raw_rps', ',.0f')})",
+            f"{median['api_rps']:,.0f} ({listed('api_rps', ',.0f')})",
+            f"{median['api_rps'] / median['raw_rps']:.2f}x",
+        ],
+    ]
+    header = ["fake executor, loopback", "raw client (runs)", "HTTP gateway (runs)", "gateway"]
+    table = format_table(header, rows)
+    notes = (
+        f"Medians of {api.REPEATS} runs per side, alternating. The gateway: one `aioworker api` "
+        "process; the load: a lean keep-alive HTTP client reading the server-sent events; both "
+        "sides and the worker share this machine's cores. The fake worker steps as fast as it "
+        "can; outputs of one request that arrive while the gateway is still writing are sent in "
+        "one write (every token still reaches the client, as its own event)."
+    )
+    print(table, notes, sep="\n")
+    if record:
+        append_to_doc(record, "HTTP gateway against the raw client (fake executor)", table, notes)
     return 0
 
 

@@ -17,6 +17,21 @@ from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_prompt_arguments(parser)
+    _add_sampling_arguments(parser)
+    _add_output_arguments(parser)
+    remote = parser.add_argument_group("remote (a running deployment instead of this process)")
+    add_connect_argument(remote, "send the prompts to a running deployment")
+    remote.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="remote only: seconds each request may take; the workers abort it then (default 600)",
+    )
+    add_config_arguments(parser)
+
+
+def _add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     prompts = parser.add_argument_group("prompts")
     prompts.add_argument(
         "--prompt", action="append", default=[], metavar="TEXT", help="a text prompt (repeatable)"
@@ -29,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="token-id prompts as JSON: [1, 2, 3] for one, [[1, 2], [3, 4]] for several (after any --prompt)",
     )
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument(
         "--max-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)"
@@ -56,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="end the output where TEXT appears, without it (repeatable)",
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     output.add_argument(
@@ -70,15 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="with --json: the same for every prompt token after the first",
     )
-    remote = parser.add_argument_group("remote (a running deployment instead of this process)")
-    add_connect_argument(remote, "send the prompts to a running deployment")
-    remote.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="remote only: seconds each request may take; the workers abort it then (default 600)",
-    )
-    add_config_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

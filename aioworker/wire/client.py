@@ -69,7 +69,19 @@ class RequestStream:
         self._ended = out.finished
         return out
 
+    def ready(self) -> list[RequestOutput]:
+        """The outputs that have arrived already, without waiting (a consumer that fell behind
+        takes them at once and writes them together)."""
+        outs = []
+        while not self._ended and not self._queue.empty():
+            out = self._queue.get_nowait()
+            self._ended = out.finished
+            outs.append(out)
+        return outs
 
+
+# At most this many result messages are taken per wake-up of the reader before consumers run.
+RESULTS_PER_WAKE = 16
 # A request with a deadline ends here this long after it, if its group has not ended it.
 DEADLINE_GRACE_S = 2.0
 
@@ -297,20 +309,31 @@ class Client:
                 return group
 
     async def _read_results(self) -> None:
+        # The same socket read without waiting: what has arrived is taken in one go, not one
+        # awaited future per message.
+        ready = zmq.Socket.shadow(self._results.underlying)
         while True:
             await asyncio.sleep(0)  # let the consumers run between results that arrive in bursts
-            frames = await self._results.recv_multipart()
-            try:
-                message = RESULT_DECODER.decode(frames)
-            except ProtocolError as exc:
-                log.warning("dropped a malformed result frame: %s", exc)
-                continue
-            if not isinstance(message, Outputs):
-                # Ends no stream: a frame that could not be decoded, or a duplicate request id.
-                log.error("a worker rejected one of our frames: %s", message.reason)
-                continue
-            for out in message.outputs:
-                self._deliver(out)
+            self._on_results(await self._results.recv_multipart())
+            for _ in range(RESULTS_PER_WAKE - 1):
+                try:
+                    frames = ready.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._on_results(frames)
+
+    def _on_results(self, frames: list[bytes]) -> None:
+        try:
+            message = RESULT_DECODER.decode(frames)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed result frame: %s", exc)
+            return
+        if not isinstance(message, Outputs):
+            # Ends no stream: a frame that could not be decoded, or a duplicate request id.
+            log.error("a worker rejected one of our frames: %s", message.reason)
+            return
+        for out in message.outputs:
+            self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)

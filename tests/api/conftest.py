@@ -3,13 +3,15 @@ embedded model (ranks and HTTP server under one launcher), and an `openai` clien
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
 
 from aioworker.config import WorkerConfig
-from tests.api.service import Process, free_port, wait_healthy
+from tests.api.service import api_url, free_port, wait_healthy
 from tests.conftest import EMBEDDED_OVERRIDES
+from tests.processes import Process
 from tests.workers import deployment
 
 
@@ -39,8 +41,11 @@ def live(tmp_path_factory: pytest.TempPathFactory):
     )
     process = Process(["serve", "--model", "embedded", "--api-port", "0", *set_args])
     try:
-        url = process.url()
+        url = api_url(process)
         wait_healthy(url, process, timeout=180)
         yield Live(url, config, set_args, metrics_port, process)
     finally:
         process.stop()
+    # SIGTERM: the ranks drained and the HTTP server stopped cleanly (not killed by the signal).
+    assert process.process.returncode == 0, process.log
+    assert re.search(r"api server \(pid \d+\) exited with code 0", process.log), process.log

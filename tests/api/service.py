@@ -8,55 +8,26 @@ import http.client
 import json
 import re
 import socket
-import subprocess
-import sys
-import threading
 import time
 from urllib.parse import urlparse
+
+from tests.processes import Process
 
 SERVING = re.compile(r"aioworker api: serving .* on (http://[\d.]+:\d+)")
 
 
-class Process:
-    """A child whose stderr a thread collects (so the pipe never fills)."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "aioworker.cli.main", *argv],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+def api_url(process: Process, timeout: float = 60.0) -> str:
+    """The address the API server printed when it started listening."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in process.lines:
+            if match := SERVING.search(line):
+                return match[1]
+        assert process.process.poll() is None, (
+            f"exited {process.process.returncode}:\n{process.log}"
         )
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def log(self) -> str:
-        return "\n".join(self.lines[-60:])
-
-    def url(self, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if match := SERVING.search(line):
-                    return match[1]
-            assert self.process.poll() is None, f"exited {self.process.returncode}:\n{self.log}"
-            time.sleep(0.05)
-        raise AssertionError(f"no API server address within {timeout}s:\n{self.log}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        time.sleep(0.05)
+    raise AssertionError(f"no API server address within {timeout}s:\n{process.log}")
 
 
 def wait_healthy(url: str, process: Process, timeout: float) -> None:

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.api.service import Process, request, wait_healthy
+from tests.api.service import api_url, request, wait_healthy
+from tests.processes import Process
 from tests.workers import admin, deployment
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def fake(tmp_path_factory: pytest.TempPathFactory):
     )
     api = Process(["api", "--port", "0", "--model", "embedded", *set_args])
     try:
-        url = api.url()
+        url = api_url(api)
         wait_healthy(url, api, timeout=60)
         yield url, config
     finally:

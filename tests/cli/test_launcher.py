@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,32 +18,21 @@ import zmq
 from aioworker.config import load_config
 from aioworker.wire.protocol import HEARTBEAT_DECODER
 from aioworker.wire.transport import all_group_endpoints
+from tests.processes import Process
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 STARTED = re.compile(r"started rank (\d+) \(group (\d+)\) pid (\d+)")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="aioworker serve is Linux-only")
 
 
-class Serve:
+class Serve(Process):
     """`aioworker serve --fake-executor` in a unique deployment, its stderr collected by a thread."""
 
     def __init__(self, *args: str) -> None:
         self.name = f"test-serve-{uuid.uuid4().hex[:8]}"
         self.overrides = {"runtime.name": self.name, "runtime.heartbeat_interval_s": 0.2}
         sets = [f"--set={key}={value!r}" for key, value in self.overrides.items()]
-        command = [sys.executable, "-m", "aioworker.cli.main", "serve", "--fake-executor"]
-        self.process = subprocess.Popen([*command, *sets, *args], stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def stderr(self) -> str:
-        return "\n".join(self.lines)
+        super().__init__(["serve", "--fake-executor", *sets, *args])
 
     def child_pids(self, count: int, timeout: float = 10.0) -> dict[int, int]:
         """rank -> pid, from the launcher's `started` lines."""
@@ -78,16 +66,6 @@ class Serve:
             sock.close()
             context.term()
         assert len(ready) == tp * dp, f"ready: {sorted(ready)}\n{self.stderr}"
-
-    def wait(self, timeout: float = 10.0) -> int:
-        code = self.process.wait(timeout)
-        self.reader.join(5)
-        return code
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture
