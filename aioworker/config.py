@@ -40,6 +40,9 @@ class CacheOptions(_Section):
     cpu_cache_bytes: int = 1 << 30
     # GPU: fraction of device memory the whole process may use.
     gpu_memory_utilization: float = 0.90
+    # Reuse the KV of full blocks already computed (a shared prompt prefix, a recomputed
+    # sequence); a block's address includes its whole prefix and the weights it was computed on.
+    enable_prefix_caching: bool = True
 
 
 class SchedulerOptions(_Section):

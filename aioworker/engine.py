@@ -36,7 +36,9 @@ class LLMEngine:
         self.executor = executor
         self.loaded = loaded
         self.tokenizer = tokenizer
-        self.core = EngineCore(executor, loaded, config.scheduler)
+        self.core = EngineCore(
+            executor, loaded, config.scheduler, None, config.cache.enable_prefix_caching
+        )
         self._request_ids = itertools.count()
         self._texts: dict[str, TextStream] = {}
 

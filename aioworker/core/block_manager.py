@@ -1,30 +1,55 @@
-"""Paged KV block allocator: a free list and a reference count per block. Torch-free."""
+"""Paged KV blocks: reference counts, and with prefix caching a content address per full block,
+so a prompt (or a recomputed sequence) reuses the longest chain of blocks already computed.
+Torch-free.
+
+A block is in one of three places: in use (reference count > 0), free and empty, or free and
+cached (reference count 0, still holding KV that a later prefix may hit). New blocks come from
+the empty ones first, then from the cached ones, least recently freed first (evicting them).
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
+from aioworker.core.block_hashes import BlockKey, extend_hashes
 from aioworker.core.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(
                 f"need num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        self._empty: deque[int] = deque(range(num_blocks))
+        # Free blocks that still hold KV, least recently freed first.
+        self._cached_free: OrderedDict[int, None] = OrderedDict()
+        self._block_of_key: dict[BlockKey, int] = {}
+        self._key_of_block: dict[int, BlockKey] = {}
+        # Bumped by reset_prefix_cache (new weights, released memory): part of every hash.
+        self.epoch = 0
+        # Prompt tokens looked up, and found computed already.
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    # -- counts -------------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        return len(self._empty) + len(self._cached_free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks with a content address, in use or free."""
+        return len(self._key_of_block)
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -34,19 +59,19 @@ class BlockManager:
         return max(0, self.blocks_for_tokens(num_tokens) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.num_missing_blocks(seq, num_tokens) <= len(self._free_block_ids)
+        return self.num_missing_blocks(seq, num_tokens) <= self.num_free_blocks
+
+    # -- growing and freeing ------------------------------------------------------------------
 
     def allocate(self, seq: Sequence, num_tokens: int) -> list[int]:
         """Grow `seq.block_table` to hold `num_tokens` tokens; returns the new block ids."""
         num_missing = self.num_missing_blocks(seq, num_tokens)
-        if num_missing > len(self._free_block_ids):
+        if num_missing > self.num_free_blocks:
             raise MemoryError(
-                f"need {num_missing} KV blocks, {len(self._free_block_ids)} free; "
+                f"need {num_missing} KV blocks, {self.num_free_blocks} free; "
                 "call can_allocate first"
             )
-        new_block_ids = [self._take() for _ in range(num_missing)]
-        seq.block_table.extend(new_block_ids)
-        return new_block_ids
+        return self.append_blocks(seq, num_missing)
 
     def append_blocks(self, seq: Sequence, num_blocks: int) -> list[int]:
         """Append `num_blocks` free blocks to `seq` (the caller checked there are enough)."""
@@ -55,7 +80,7 @@ class BlockManager:
         return new_block_ids
 
     def share(self, seq: Sequence, block_ids: list[int]) -> None:
-        """Append already-filled blocks (another sequence's prefix) to `seq`, counting the reference."""
+        """Append blocks in use by another sequence to `seq`, counting the reference."""
         for block_id in block_ids:
             if self.ref_counts[block_id] <= 0:
                 raise ValueError(f"block {block_id} is free and cannot be shared")
@@ -63,14 +88,86 @@ class BlockManager:
         seq.block_table.extend(block_ids)
 
     def free(self, seq: Sequence) -> None:
-        # Release in reverse so the tail blocks are reused last, keeping shared prefixes warm.
+        # In reverse, so a sequence's tail blocks are evicted before its prefix.
         for block_id in reversed(seq.block_table):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
-                self._free_block_ids.append(block_id)
+                if block_id in self._key_of_block:
+                    self._cached_free[block_id] = None
+                else:
+                    self._empty.append(block_id)
         seq.block_table = []
 
     def _take(self) -> int:
-        block_id = self._free_block_ids.popleft()
+        if self._empty:
+            block_id = self._empty.popleft()
+        else:
+            block_id, _ = self._cached_free.popitem(last=False)  # evict the oldest
+            del self._block_of_key[self._key_of_block.pop(block_id)]
         self.ref_counts[block_id] = 1
         return block_id
+
+    # -- prefix caching -----------------------------------------------------------------------
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """The blocks of the longest computed chain that starts `seq` (a waiting sequence with
+        nothing computed), leaving at least its last token to compute so there are logits to
+        sample from. Takes nothing yet (`use_cached` does); readies `seq` to address its blocks."""
+        if not self.enable_prefix_caching:
+            return []
+        seq.cache_epoch = self.epoch
+        seq.block_hashes = []
+        if seq.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position computed
+        num_full = (len(seq.token_ids) - 1) // self.block_size
+        keys = extend_hashes(seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch)
+        hits = []
+        for key in keys:
+            block_id = self._block_of_key.get(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        del seq.block_hashes[len(hits) :]  # the rest are addressed as they are computed
+        return hits
+
+    def num_free_after(self, hits: list[int]) -> int:
+        """Free blocks left once `hits` are in use (cached free ones among them stop being free)."""
+        return self.num_free_blocks - sum(1 for b in hits if self.ref_counts[b] == 0)
+
+    def use_cached(self, seq: Sequence, hits: list[int]) -> None:
+        """Start `seq` with the blocks `cached_prefix` found: their tokens count as computed."""
+        for block_id in hits:
+            if self.ref_counts[block_id] == 0:
+                del self._cached_free[block_id]
+            self.ref_counts[block_id] += 1
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += len(seq.token_ids)
+            self.num_hit_tokens += seq.num_cached_tokens
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Give the blocks of `seq` that are full (every token known and scheduled) their content
+        address. Steps run in plan order, so a block is written before any later plan reads it."""
+        if seq.cache_epoch != self.epoch:
+            return  # its KV began under other weights (or caching is off): never shared
+        num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+        if num_full <= len(seq.block_hashes):
+            return
+        first = len(seq.block_hashes)
+        keys = extend_hashes(seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch)
+        for key, block_id in zip(keys, seq.block_table[first:num_full], strict=True):
+            if key not in self._block_of_key and block_id not in self._key_of_block:
+                self._block_of_key[key] = block_id
+                self._key_of_block[block_id] = key
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every content address (new weights, released memory, an operator's reset);
+        blocks in use stay with their sequences. Returns how many addresses were dropped."""
+        dropped = len(self._key_of_block)
+        self.epoch += 1
+        self._empty.extend(self._cached_free)
+        self._cached_free.clear()
+        self._block_of_key.clear()
+        self._key_of_block.clear()
+        return dropped

@@ -45,6 +45,7 @@ class EngineCore:
         loaded: LoadedRank,
         options: SchedulerOptions,
         num_blocks: int | None = None,
+        enable_prefix_caching: bool = False,
     ) -> None:
         """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's)."""
         self.executor = executor
@@ -52,7 +53,9 @@ class EngineCore:
         self.eos_token_ids = loaded.eos_token_ids
         self.max_waiting = options.max_waiting
         self.text_stops = TextStops(loaded.tokenizer)
-        blocks = BlockManager(num_blocks or loaded.num_blocks, loaded.block_size)
+        blocks = BlockManager(
+            num_blocks or loaded.num_blocks, loaded.block_size, enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             blocks, options.max_num_seqs, options.max_num_batched_tokens, loaded.max_model_len
         )
@@ -121,6 +124,11 @@ class EngineCore:
     @property
     def block_manager(self) -> BlockManager:
         return self.scheduler.block_manager
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (new weights, released memory, an operator asked); returns
+        how many. KV computed before never serves a request admitted after."""
+        return self.block_manager.reset_prefix_cache()
 
     # -- steps --------------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ class _PlanBuilder:
     """The lists of one StepPlan, filled sequence by sequence (the hot path at hundreds of seqs)."""
 
     __slots__ = (
+        "register",
+        "block_size",
         "seq_ids",
         "num_tokens",
         "starts",
@@ -30,7 +32,12 @@ class _PlanBuilder:
         "new_seqs",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, block_manager: BlockManager) -> None:
+        # Prefix caching: gives blocks that this step fills their content address.
+        self.register = (
+            block_manager.register_full_blocks if block_manager.enable_prefix_caching else None
+        )
+        self.block_size = block_manager.block_size
         self.seq_ids: list[int] = []
         self.num_tokens: list[int] = []
         self.starts: list[int] = []
@@ -54,6 +61,8 @@ class _PlanBuilder:
             if end > known:  # only ever the last one: the token in flight
                 self.input_ids.append(PENDING_TOKEN)
         seq.num_computed_tokens = end
+        if self.register is not None and end // self.block_size > len(seq.block_hashes):
+            self.register(seq)
         is_last = end == known + seq.num_pending_tokens
         self.sample.append(is_last)
         if is_last:
@@ -128,7 +137,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run (plan ids stay consecutive)."""
-        builder = _PlanBuilder()
+        builder = _PlanBuilder(self.block_manager)
         budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
         if not preempted:
             self._schedule_waiting(budget, builder)
@@ -224,14 +233,19 @@ class Scheduler:
         while (
             self.admit_new and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
         ):
-            seq = self.waiting[0]
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, seq.num_computed_tokens + num_tokens):
+            seq = self.waiting[0]  # nothing computed: new, or preempted and recomputed
+            blocks = self.block_manager
+            hits = blocks.cached_prefix(seq)
+            num_cached = len(hits) * blocks.block_size
+            num_tokens = min(len(seq.token_ids) - num_cached, budget)
+            num_new_blocks = blocks.blocks_for_tokens(num_cached + num_tokens) - len(hits)
+            if num_new_blocks > blocks.num_free_after(hits):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
+            blocks.use_cached(seq, hits)
+            blocks.allocate(seq, num_cached + num_tokens)
             builder.add(seq, num_tokens, list(seq.block_table))
             builder.new_seqs.append(_new_seq(seq))
             budget -= num_tokens

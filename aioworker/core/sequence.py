@@ -29,6 +29,9 @@ class Sequence:
         "num_pending_tokens",
         "num_stale_tokens",
         "prompt_logprobs",
+        "block_hashes",
+        "cache_epoch",
+        "num_cached_tokens",
     )
 
     def __init__(
@@ -58,6 +61,11 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprobs] | None = (
             [] if params.prompt_logprobs is not None else None
         )
+        # Prefix caching: the content address of each full block so far, and the cache epoch
+        # its KV began in (-1: not shared); the tokens it found computed when admitted.
+        self.block_hashes: list[int] = []
+        self.cache_epoch = -1
+        self.num_cached_tokens = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

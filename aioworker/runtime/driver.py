@@ -89,7 +89,13 @@ class Driver:
         rank, runtime = self.rank, self.config.runtime
         self.loaded = loaded
         num_blocks = await self.peers.wait_until_ready(loaded.num_blocks)
-        self.core = EngineCore(executor, loaded, self.config.scheduler, num_blocks)
+        self.core = EngineCore(
+            executor,
+            loaded,
+            self.config.scheduler,
+            num_blocks,
+            self.config.cache.enable_prefix_caching,
+        )
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group
             self.metrics = WorkerMetrics(rank.group, port, runtime.host, self.serving_info)
