@@ -46,6 +46,8 @@ columns:
   STEP       id of the current (or last) step; STEP_S: seconds the current step has run
   RUN, WAIT  running and waiting requests (driver only)
   KV_BLOCKS  KV cache blocks used/total (driver only)
+  CACHED     blocks holding a cached prefix, in use or free (driver only)
+  HIT%       prompt tokens found in the prefix cache / prompt tokens looked up (driver only)
   AGE_S      seconds since this rank's last beat arrived here
 
 --check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,

@@ -166,6 +166,12 @@ class AdminHandler:
             return AdminReply(ok=True, message=f"aborted {request_id}")
         return AdminReply(ok=False, message=f"no request {request_id!r} in flight")
 
+    def reset_prefix_cache(self, _: str) -> AdminReply:
+        dropped = self.control.core.reset_prefix_cache()
+        return AdminReply(
+            ok=True, message=f"prefix cache reset: {dropped} cached block(s) forgotten"
+        )
+
     def shutdown(self, _: str) -> AdminReply:
         count = self.control.abort_all("worker shutting down")
         self.control.stop()
@@ -197,3 +203,4 @@ def set_log_level(level: str) -> AdminReply:
 # The short commands of wire/admin_commands.py besides status and set-log-level (tested), and
 # the AdminHandler method that answers each.
 _HANDLERS = {name: name for name in ("pause", "resume", "drain", "abort", "shutdown")}
+_HANDLERS["reset-prefix-cache"] = "reset_prefix_cache"

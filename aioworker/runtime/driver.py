@@ -152,6 +152,9 @@ class Driver:
             blocks.num_used_blocks,
             blocks.num_blocks,
             self.core.weights_version,
+            blocks.num_cached_blocks,
+            blocks.num_hit_tokens,
+            blocks.num_queried_tokens,
         )
 
     def _on_client_gone(self, client) -> None:
@@ -218,6 +221,12 @@ class Driver:
             "num_waiting": info.num_waiting,
             "kv_blocks_used": info.kv_blocks_used,
             "kv_blocks_total": info.kv_blocks_total,
+            "kv_blocks_cached": info.kv_blocks_cached,
+            "prefix_hit_tokens": info.prefix_hit_tokens,
+            "prefix_queried_tokens": info.prefix_queried_tokens,
+            "prefix_hit_rate": round(
+                info.prefix_hit_tokens / max(1, info.prefix_queried_tokens), 4
+            ),
             "num_requests": len(self.control.requests) if self.control is not None else 0,
             "num_tokens_generated": rank.progress.num_tokens_generated,
             "num_rejected_frames": self.rejected.total,

@@ -25,6 +25,10 @@ class ServingInfo(NamedTuple):
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     weights_version: int = 0
+    # Prefix caching: blocks with a content address, and prompt tokens found computed / looked up.
+    kv_blocks_cached: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_queried_tokens: int = 0
 
 
 class HeartbeatSource:
@@ -65,6 +69,9 @@ class HeartbeatSource:
             kv_blocks_total=info.kv_blocks_total,
             tokens_per_s=rate,
             weights_version=info.weights_version,
+            kv_blocks_cached=info.kv_blocks_cached,
+            prefix_hit_tokens=info.prefix_hit_tokens,
+            prefix_queried_tokens=info.prefix_queried_tokens,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

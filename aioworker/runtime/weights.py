@@ -47,6 +47,8 @@ class WeightsCoordinator:
         started = time.monotonic()
         async with _Hold(self, request.mode, RankState.UPDATING_WEIGHTS):
             error = await self._stage_and_commit(request, raw_frames, version)
+            if error is None:  # before any step on the new weights: old KV must never serve
+                core.reset_prefix_cache()
         if error is not None:
             return AdminReply(ok=False, message=error)
         core.weights_version = version
@@ -66,6 +68,7 @@ class WeightsCoordinator:
             hold.end_in(RankState.WEIGHTS_CLEARED)
             if request.kv_cache:
                 control.core.scheduler.preempt_all()  # recomputed from their tokens after resume
+            control.core.reset_prefix_cache()  # the KV cache's memory may be gone
             phase = WeightsPhase(op="release", weights=request.weights, kv_cache=request.kv_cache)
             error, freed = await self.peers.run_phase(phase, control.core.executor)
         if error is not None:

@@ -40,6 +40,12 @@ ADMIN_COMMANDS: dict[str, AdminCommandInfo] = {
         "required", "abort REQUEST_ID", "abort one request; its client gets 'abort'"
     ),
     "shutdown": AdminCommandInfo("none", "shutdown", "abort every request and stop the group now"),
+    "reset-prefix-cache": AdminCommandInfo(
+        "none",
+        "reset-prefix-cache",
+        "forget every cached KV block: later requests compute their prompts in full (before a "
+        "benchmark, or to free the blocks at once)",
+    ),
     "set-log-level": AdminCommandInfo(
         "required", "set-log-level LEVEL", f"one of {', '.join(LOG_LEVELS)}"
     ),

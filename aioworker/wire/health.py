@@ -43,7 +43,8 @@ MISSING = "MISSING"
 STALE = "STALE"
 
 COLUMNS = (
-    "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "TOK/S", "WEIGHTS", "PID",
+    "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "CACHED", "HIT%", "TOK/S",
+    "WEIGHTS", "PID",
     "AGE_S", "DETAIL",
 )  # fmt: skip
 
@@ -127,6 +128,8 @@ def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
         str(beat.num_running),
         str(beat.num_waiting),
         f"{beat.kv_blocks_used}/{beat.kv_blocks_total}",
+        str(beat.kv_blocks_cached),
+        f"{100 * beat.prefix_hit_rate:.1f}",
         f"{beat.tokens_per_s:.1f}",
         str(beat.weights_version),
         str(beat.pid),

@@ -183,6 +183,19 @@ class Heartbeat(_Message, tag="heartbeat"):
     sent_at: float
     # Why the rank failed, when state is FAILED.
     detail: str = ""
+    # Prefix caching (driver only): blocks with a content address; prompt tokens found already
+    # computed, and looked up, since the rank started.
+    kv_blocks_cached: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_queried_tokens: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return (
+            self.prefix_hit_tokens / self.prefix_queried_tokens
+            if self.prefix_queried_tokens
+            else 0.0
+        )
 
 
 # -- encoding -------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ def make_beat(group: int = 0, rank: int = 0, state: str = "READY", **fields) -> 
     values = dict(
         pid=42, step_id=7, step_elapsed_s=0.25, num_running=3, num_waiting=1, kv_blocks_used=10,
         kv_blocks_total=100, tokens_per_s=123.45, weights_version=2, interval_s=1.0, sent_at=0.0,
+        kv_blocks_cached=6, prefix_hit_tokens=30, prefix_queried_tokens=120,
     )  # fmt: skip
     return Heartbeat(group=group, rank=rank, state=state, **{**values, **fields})
 
@@ -92,7 +93,9 @@ def test_beat_table_is_ready_when_every_rank_is_ready() -> None:
 
 def test_table_row_shows_every_field() -> None:
     row = table_row((1, 2), seen(0.5), NOW)
-    assert row == ("1.2", "READY", "7", "0.25", "3", "1", "10/100", "123.5", "2", "42", "0.5", "")
+    assert row == (
+        "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "2", "42", "0.5", "",
+    )  # fmt: skip
     assert len(row) == len(COLUMNS)
     assert table_row((0, 1), None, NOW) == ("0.1", MISSING) + ("-",) * (len(COLUMNS) - 2)
 

@@ -128,3 +128,31 @@ def test_past_max_waiting_a_request_is_refused_as_overloaded(tmp_path) -> None:
     assert "scheduler.max_waiting" in refused.error
     assert [out.finish_reason for out in finished] == ["length", "length"]
     assert group.used_blocks == 0
+
+
+def test_a_repeated_prompt_hits_the_cache_until_an_operator_resets_it(
+    inproc_config: WorkerConfig,
+) -> None:
+    prompt = list(range(1, 41))  # two full blocks before its last token
+    params = SamplingParams(max_tokens=3)
+
+    async def scenario(group: InProcessGroup, client: Client):
+        seen = []
+        for step in ("first", "again", "reset", "after reset"):
+            if step == "reset":
+                seen.append((await group.admin("reset-prefix-cache")).message)
+                continue
+            completion = await client.generate(prompt, params)
+            status = (await group.admin("status")).data
+            seen.append(
+                (completion.token_ids, status["prefix_hit_tokens"], status["kv_blocks_cached"])
+            )
+        return seen
+
+    (first, again, reset, after), group = run(scenario, inproc_config)
+    assert first[0] == again[0] == after[0] == expected_tokens(len(prompt), 3)
+    assert (first[1], again[1]) == (0, 2 * BLOCK_SIZE)  # the second found two blocks computed
+    assert first[2] == again[2] >= 2
+    assert reset.startswith("prefix cache reset:") and f"{again[2]} cached block(s)" in reset
+    assert after[1] == again[1]  # nothing left to hit after the reset
+    assert group.used_blocks == 0

@@ -70,6 +70,17 @@ def update_while_streaming(config, path, mode: str, num_requests: int = 32):
     return asyncio.run(scenario())
 
 
+def probes_after_update(config) -> list[list[int]]:
+    """The probes on the new weights, asserting that KV cached before the update served none of
+    them, and that the cache fills again on the new weights."""
+    hits = admin(config, "status").data["prefix_hit_tokens"]
+    after = greedy_probes(config)
+    assert admin(config, "status").data["prefix_hit_tokens"] == hits
+    assert greedy_probes(config) == after
+    assert admin(config, "status").data["prefix_hit_tokens"] > hits  # [7] * 20: a full block
+    return after
+
+
 async def _collect(stream) -> list:
     return [out async for out in stream]
 
@@ -79,9 +90,10 @@ def test_update_from_disk_while_32_requests_stream(models, expected_new, mode: s
     old, new = models
     config, set_args = deployment(**{"model.path": str(old), **SMALL})
     with running(config, set_args):
+        greedy_probes(config)  # the old weights' KV of the probes, cached
         outputs, reply = update_while_streaming(config, new, mode)
         status = admin(config, "status").data
-        after = greedy_probes(config)
+        after = probes_after_update(config)
     assert reply.ok, reply.message
     assert status["weights_version"] == 2 and status["last_weights_update_s"] > 0
     terminals = [outs[-1] for outs in outputs]
@@ -178,8 +190,9 @@ def test_pushed_tensors_update_the_weights(models, expected_new) -> None:
     frames = [t.contiguous().view(torch.uint8).numpy().tobytes() for t in tensors.values()]
     config, set_args = deployment(**{"model.path": str(old), **SMALL})
     with running(config, set_args):
+        greedy_probes(config)
         request = AdminRequest(command="update-weights", pushed=metas, mode="abort")
         reply = send(config, 0, request, 60, raw_frames=frames).reply
-        after = greedy_probes(config)
+        after = probes_after_update(config)
     assert reply.ok, reply.message
     assert after == expected_new
