@@ -40,7 +40,7 @@ class LLMEngine:
             executor, loaded, config.scheduler, None, config.cache.enable_prefix_caching
         )
         self._request_ids = itertools.count()
-        self._texts: dict[str, TextStream] = {}
+        self._texts: dict[tuple[str, int], TextStream] = {}  # by request id and sample index
 
     @classmethod
     def from_config(cls, config: WorkerConfig, progress: bool = True) -> LLMEngine:
@@ -76,13 +76,17 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         self.core.add(request_id, token_ids, params)
         if self.tokenizer is not None:
-            self._texts[request_id] = TextStream(self.tokenizer, params.stop)
+            for index in range(params.n):
+                self._texts[(request_id, index)] = TextStream(self.tokenizer, params.stop)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now; its terminal output (of sample 0: with `n` samples, every one
+        ends alike), or None if it had ended."""
         if not self.core.abort(request_id):
             return None
-        self._texts.pop(request_id, None)
+        for key in [key for key in self._texts if key[0] == request_id]:
+            del self._texts[key]
         return self.core.terminal_output(request_id, FinishReason.ABORT)
 
     @property
@@ -99,13 +103,14 @@ class LLMEngine:
         if self.tokenizer is None:
             return outputs
         for index, out in enumerate(outputs):
-            stream = self._texts.get(out.request_id)
+            key = (out.request_id, out.sample_index)
+            stream = self._texts.get(key)
             if stream is None:
                 continue
             text = stream.add(out.token_ids)
             if out.finished:
                 text += stream.finish()
-                del self._texts[out.request_id]
+                del self._texts[key]
             outputs[index] = msgspec.structs.replace(out, text=text)
         return outputs
 
@@ -116,15 +121,17 @@ class LLMEngine:
     def generate(
         self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[Completion]:
-        """Run prompts to completion as one batch; completions come back in prompt order."""
+        """Run prompts to completion as one batch; completions come back in prompt order, and a
+        request with `n` samples gives n of them in a row (sample 0 first)."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
-        completions: dict[str, Completion] = {}
+        completions: dict[tuple[str, int], Completion] = {}
         for prompt, p in zip(prompts, params_list, strict=True):
             token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = self.add_request(token_ids, p)
-            completions[request_id] = Completion(request_id, token_ids)
+            for index in range(p.n):
+                completions[(request_id, index)] = Completion(request_id, token_ids)
         for out in self.stream():
-            completion = completions.get(out.request_id)
+            completion = completions.get((out.request_id, out.sample_index))
             if completion is not None:
                 completion.add(out)
                 completion.text += out.text

@@ -81,9 +81,7 @@ def test_preempted_requests_hit_their_own_blocks_and_answer_the_same(
     rng = random.Random(4)
     prompts = [random_tokens(rng, rng.randint(20, 70)) for _ in range(6)]
     params = msgspec.structs.replace(GREEDY, max_tokens=40)
-    small = make_engine(
-        embedded_model_dir, **{"cache.num_blocks": 16, "model.max_model_len": 256}
-    )
+    small = make_engine(embedded_model_dir, **{"cache.num_blocks": 16, "model.max_model_len": 256})
     try:
         got = tokens(small, prompts, params)
         assert small.scheduler.num_preemptions > 0

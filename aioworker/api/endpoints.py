@@ -24,7 +24,7 @@ def prepare_completion(gateway: Gateway, raw: bytes) -> Prepared:
     gateway.check_model(body.model)
     params = completion_params(body)
     prompts = completion_prompts(body, gateway.tokenizer)
-    run = Run(gateway, CompletionShape(gateway.texts, body.echo), prompts, params, body.n)
+    run = Run(gateway, CompletionShape(gateway.texts, body.echo), prompts, params)
     return Prepared(run, body.stream, _include_usage(body.stream_options))
 
 
@@ -33,7 +33,7 @@ def prepare_chat(gateway: Gateway, raw: bytes) -> Prepared:
     gateway.check_model(body.model)
     prompt = chat_prompt(body, gateway.tokenizer)
     params = chat_params(body, prompt, gateway.max_model_len)
-    run = Run(gateway, ChatShape(gateway.texts), [prompt], params, body.n)
+    run = Run(gateway, ChatShape(gateway.texts), [prompt], params)
     return Prepared(run, body.stream, _include_usage(body.stream_options))
 
 

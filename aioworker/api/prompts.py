@@ -1,21 +1,17 @@
 """A request body -> the token ids of its prompts and the SamplingParams of its choices.
 
-`n` choices are n independent requests to the workers (parallel sampling will share their
-prompt later); a seeded request gives choice i the seed `seed + i`, so each choice is
-reproducible on its own."""
+`n` choices of a prompt are one request's `n` parallel samples in the workers: the prompt is
+computed once, and sample i is seeded `seed + i`, so each choice is reproducible on its own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import msgspec
 
 from aioworker.api.errors import invalid
 from aioworker.api.schemas import ChatRequest, CompletionRequest
 from aioworker.checkpoint.tokenizer import Tokenizer, TokenizerError
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
-MAX_N = 64
 # OpenAI's default max_tokens for completions; chat defaults to what the context leaves.
 COMPLETION_MAX_TOKENS = 16
 
@@ -106,20 +102,10 @@ def _params(
         stop=body.stop_strings,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        n=body.n,
     )
     try:
         params.validate()
     except InvalidRequestError as exc:
         raise invalid(str(exc), str(exc).split(" ", 1)[0]) from None
     return params
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """The params of each of n choices: seed + i where seeded."""
-    if not 1 <= n <= MAX_N:
-        raise invalid(f"n is {n}; it must be between 1 and {MAX_N}", "n")
-    if params.seed is None:
-        return [params] * n
-    if params.seed + n > 2**63:
-        raise invalid(f"seed {params.seed} + n must stay below 2**63", "seed")
-    return [msgspec.structs.replace(params, seed=params.seed + i) for i in range(n)]

@@ -13,7 +13,7 @@ import msgspec
 from aioworker.api.choices import Choice
 from aioworker.api.errors import from_output
 from aioworker.api.gateway import Gateway
-from aioworker.api.prompts import Prompt, choice_params
+from aioworker.api.prompts import Prompt
 from aioworker.api.shapes import ChatShape, CompletionShape
 from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
@@ -37,34 +37,37 @@ class Run:
         shape: CompletionShape | ChatShape,
         prompts: list[Prompt],
         params: SamplingParams,
-        n: int,
     ) -> None:
         self.gateway = gateway
         self.shape = shape
         self.started = time.perf_counter()
         self.id = shape.id_prefix + gateway.next_id()
         self.created = int(time.time())
-        each = choice_params(params, n)
-        self.jobs = [(p, each[i]) for p in prompts for i in range(n)]
+        self.prompts, self.params, self.n = prompts, params, params.n
+        # Prompt p's sample i is choice p * n + i.
         self.choices = [
-            Choice(index, prompt, gateway.tokenizer, params.stop)
-            for index, (prompt, _) in enumerate(self.jobs)
+            Choice(p * self.n + i, prompt, gateway.tokenizer, params.stop)
+            for p, prompt in enumerate(prompts)
+            for i in range(self.n)
         ]
         self.num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
-        self.streams: list[RequestStream] = []
+        self.streams: list[RequestStream] = []  # one request (of n samples) per prompt
 
     async def submit(self) -> None:
         client, timeout_s = self.gateway.client, self.gateway.timeout_s
-        for index, (prompt, params) in enumerate(self.jobs):
+        for index, prompt in enumerate(self.prompts):
             request_id = f"{self.id}-{index}"
-            stream = await client.submit(prompt.token_ids, params, request_id, timeout_s=timeout_s)
+            stream = await client.submit(
+                prompt.token_ids, self.params, request_id, timeout_s=timeout_s
+            )
             self.streams.append(stream)
         self.gateway.metrics.prompt_tokens.inc(self.num_prompt_tokens)
 
     def close(self) -> None:
         """Abort the choices still running (nobody will read them) and count what was made."""
-        for stream, choice in zip(self.streams, self.choices, strict=False):
-            if choice.finish_reason is None:
+        for index, stream in enumerate(self.streams):
+            choices = self.choices[index * self.n : (index + 1) * self.n]
+            if any(choice.finish_reason is None for choice in choices):
                 self.gateway.client.abort_nowait(stream.request_id)
         self.gateway.metrics.generation_tokens.inc(sum(c.num_tokens for c in self.choices))
 
@@ -137,31 +140,32 @@ class Run:
         arrived by the time the last was taken, so a reader that falls behind catches up in one
         write instead of one per output."""
         if len(self.streams) == 1:
-            choice, stream = self.choices[0], self.streams[0]
+            stream = self.streams[0]
             async for out in stream:
-                yield [(choice, out), *((choice, more) for more in stream.ready())]
+                yield [(self._choice(0, o), o) for o in (out, *stream.ready())]
             return
-        merged: asyncio.Queue[tuple[Choice, RequestOutput]] = asyncio.Queue()
+        merged: asyncio.Queue[tuple[Choice, RequestOutput] | None] = asyncio.Queue()
 
-        async def pump(choice: Choice, stream: RequestStream) -> None:
+        async def pump(index: int, stream: RequestStream) -> None:
             async for out in stream:
-                merged.put_nowait((choice, out))
+                merged.put_nowait((self._choice(index, out), out))
+            merged.put_nowait(None)  # this prompt's request has ended
 
-        pumps = [
-            asyncio.ensure_future(pump(c, s))
-            for c, s in zip(self.choices, self.streams, strict=True)
-        ]
+        pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
         num_open = len(pumps)
         try:
             while num_open:
                 batch = [await merged.get()]
                 while not merged.empty():
                     batch.append(merged.get_nowait())
-                num_open -= sum(out.finished for _, out in batch)
-                yield batch
+                num_open -= batch.count(None)
+                yield [item for item in batch if item is not None]
         finally:
             for task in pumps:
                 task.cancel()
+
+    def _choice(self, prompt_index: int, out: RequestOutput) -> Choice:
+        return self.choices[prompt_index * self.n + out.sample_index]
 
     def _header(self, object_name: str) -> dict[str, Any]:
         return {

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import msgspec
+
 from aioworker.config import SchedulerOptions
 from aioworker.core.admission import QueueFull, RequestValidator
 from aioworker.core.block_manager import BlockManager
@@ -79,18 +81,31 @@ class EngineCore:
                 f"{len(self.scheduler.waiting)} requests are waiting already "
                 f"(scheduler.max_waiting); retry later or on another group"
             )
+        samples = [self._sample(request_id, prompt_token_ids, params, i) for i in range(params.n)]
+        self.scheduler.add(samples[0], samples[1:])
+        for index in range(params.n):
+            self.text_stops.add(request_id, index, params.stop)
+
+    def _sample(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, index: int
+    ) -> Sequence:
+        """Sample `index` of a request: its own sequence, seeded seed + index."""
+        if index and params.seed is not None:
+            params = msgspec.structs.replace(params, seed=params.seed + index)
         seq = Sequence(
             next(self._seq_ids), request_id, prompt_token_ids, params, self.eos_token_ids
         )
-        self.scheduler.add(seq)
-        self.text_stops.add(request_id, params.stop)
+        seq.sample_index = index
+        return seq
 
     def abort(self, request_id: str) -> bool:
         """End a request now and free its KV blocks; False if it is unknown or already ended.
         Tokens of steps still in flight for it are dropped when they arrive."""
         self.text_stops.discard(request_id)
-        seq = self.scheduler.seqs_by_request.get(request_id)
-        return seq is not None and self.scheduler.abort(seq.seq_id) is not None
+        samples = list(self.scheduler.seqs_by_request.get(request_id, ()))
+        for seq in samples:
+            self.scheduler.abort(seq.seq_id)
+        return bool(samples)
 
     def terminal_output(
         self,
@@ -98,8 +113,10 @@ class EngineCore:
         reason: FinishReason,
         error: str | None = None,
         error_kind: ErrorKind | None = None,
+        sample_index: int = 0,
     ) -> RequestOutput:
-        """The one terminal output of a request that ends outside a step (aborted, refused)."""
+        """The terminal output of a request (or one of its samples) that ends outside a step
+        (aborted, refused)."""
         if reason is FinishReason.ERROR and error_kind is None:
             error_kind = ErrorKind.INTERNAL
         return RequestOutput(
@@ -110,6 +127,7 @@ class EngineCore:
             self.current_step_id,
             self.weights_version,
             error_kind=error_kind,
+            sample_index=sample_index,
         )
 
     @property

@@ -61,6 +61,8 @@ class RequestOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True)
     error_kind: ErrorKind | None = None
     # The stop string that ended the request (finish_reason STOP), if one did.
     stop_string: str | None = None
+    # Which of the request's `n` samples these tokens belong to.
+    sample_index: int = 0
 
     @property
     def finished(self) -> bool:

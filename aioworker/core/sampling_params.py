@@ -16,6 +16,8 @@ MAX_LOGPROBS = 20
 # Stop strings: how many a request may give, and how long each may be (characters).
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LENGTH = 256
+# The most samples one request may ask for (`n`).
+MAX_SAMPLES = 64
 
 
 class InvalidRequestError(ValueError):
@@ -43,6 +45,9 @@ class SamplingParams(
     logprobs: int | None = None
     # The same for every prompt token after the first (RL scoring).
     prompt_logprobs: int | None = None
+    # Independent samples of the same prompt, which is computed once and shared; sample i is
+    # seeded with seed + i and has its own outputs (`sample_index`) and terminal output.
+    n: int = 1
 
     def validate(self) -> None:
         """Check the fields that need no model; token ids are checked against the vocabulary at admission."""
@@ -60,8 +65,10 @@ class SamplingParams(
             raise InvalidRequestError(f"top_p is {self.top_p}; it must be in (0, 1]")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k is {self.top_k}; it must be >= 0 (0 disables it)")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequestError(f"seed is {self.seed}; it must be in [0, 2**63)")
+        if not 1 <= self.n <= MAX_SAMPLES:
+            raise InvalidRequestError(f"n is {self.n}; it must be between 1 and {MAX_SAMPLES}")
+        if self.seed is not None and not 0 <= self.seed <= 2**63 - self.n:
+            raise InvalidRequestError(f"seed is {self.seed}; seed + n must stay below 2**63")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

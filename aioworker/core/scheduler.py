@@ -87,8 +87,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[int, Sequence] = {}
-        # The same unfinished sequences by request id: aborts name requests.
-        self.seqs_by_request: dict[str, Sequence] = {}
+        # The same unfinished sequences by request id (a request's samples): aborts name requests.
+        self.seqs_by_request: dict[str, list[Sequence]] = {}
+        # Leaders of parallel samples whose followers wait for their prompt to be computed.
+        self._leaders: list[Sequence] = []
         self.num_preemptions = 0
         # False holds waiting requests back (a weights update in `wait` mode lets the running
         # ones finish first).
@@ -98,12 +100,23 @@ class Scheduler:
 
     # -- requests in and out ------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        if seq.seq_id in self.seqs or seq.request_id in self.seqs_by_request:
+    def add(self, seq: Sequence, followers: list[Sequence] = ()) -> None:
+        """Queue a request's sequence; `followers` (its other samples) start once its prompt is
+        computed, from the blocks it cached (right away when there is no prefix cache)."""
+        samples = [seq, *followers]
+        if seq.request_id in self.seqs_by_request or any(s.seq_id in self.seqs for s in samples):
             raise ValueError(f"sequence {seq.seq_id} ({seq.request_id!r}) is already scheduled")
-        self.seqs[seq.seq_id] = seq
-        self.seqs_by_request[seq.request_id] = seq
+        self.seqs_by_request[seq.request_id] = samples
+        for sample in samples:
+            self.seqs[sample.seq_id] = sample
         self.waiting.append(seq)
+        if followers and self.block_manager.enable_prefix_caching:
+            seq.followers = list(followers)
+            for follower in followers:
+                follower.leader = seq
+            self._leaders.append(seq)
+        else:
+            self.waiting.extend(followers)
 
     def abort(self, seq_id: int) -> Sequence | None:
         """Finish a sequence now and free its blocks; None if it is unknown or already done."""
@@ -111,15 +124,20 @@ class Scheduler:
         if seq is None:
             return None
         if seq.status is SeqStatus.WAITING:
-            self.waiting.remove(seq)
+            leader = seq.leader
+            if leader is not None and leader.followers and seq in leader.followers:
+                leader.followers.remove(seq)  # still held back
+            else:
+                self.waiting.remove(seq)
         self._finish(seq, FinishReason.ABORT)
         return seq
 
-    def stop_request(self, request_id: str) -> None:
-        """End a request with "stop" now (its text completed a stop string)."""
-        seq = self.seqs_by_request.get(request_id)
-        if seq is not None:
-            self._finish(seq, FinishReason.STOP)
+    def stop_request(self, request_id: str, sample_index: int = 0) -> None:
+        """End one sample of a request with "stop" now (its text completed a stop string)."""
+        for seq in self.seqs_by_request.get(request_id, ()):
+            if seq.sample_index == sample_index:
+                self._finish(seq, FinishReason.STOP)
+                return
 
     def preempt_all(self) -> int:
         """Send every running sequence back to waiting (its KV cache is being freed); they are
@@ -141,7 +159,21 @@ class Scheduler:
         budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
         if not preempted:
             self._schedule_waiting(budget, builder)
+        if self._leaders:
+            self._release_followers()
         return self._build_plan(builder) if builder.seq_ids else None
+
+    def _release_followers(self) -> None:
+        """Followers whose leader's prompt is scheduled in full (steps run in order: its blocks
+        are written before the next plan reads them) or ended join the front of the queue."""
+        keep = []
+        for leader in self._leaders:
+            if leader.num_computed_tokens >= leader.num_prompt_tokens or leader.is_finished:
+                self.waiting.extendleft(reversed(leader.followers))
+                leader.followers = None
+            else:
+                keep.append(leader)
+        self._leaders = keep
 
     def update(
         self, plan: StepPlan, result: StepResult, weights_version: int = 0
@@ -174,6 +206,8 @@ class Scheduler:
                 self._finish(seq, reason, still_listed=True)
                 finished = True
             out = RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
+            if seq.sample_index:
+                out.sample_index = seq.sample_index
             if entry is not None or seq.prompt_logprobs is not None:
                 out = _with_logprobs(out, seq, entry)
             outputs.append(out)
@@ -286,7 +320,10 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self.seqs[seq.seq_id]
-        del self.seqs_by_request[seq.request_id]
+        samples = self.seqs_by_request[seq.request_id]
+        samples.remove(seq)
+        if not samples:
+            del self.seqs_by_request[seq.request_id]
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         num_outputs = len(seq.token_ids) - seq.num_prompt_tokens

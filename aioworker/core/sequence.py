@@ -32,6 +32,9 @@ class Sequence:
         "block_hashes",
         "cache_epoch",
         "num_cached_tokens",
+        "sample_index",
+        "followers",
+        "leader",
     )
 
     def __init__(
@@ -66,6 +69,11 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.cache_epoch = -1
         self.num_cached_tokens = 0
+        # Parallel samples: sample 0 leads; the others wait in `followers` until its prompt is
+        # computed, then start from its cached blocks (`leader` points back).
+        self.sample_index = 0
+        self.followers: list[Sequence] | None = None
+        self.leader: Sequence | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -15,7 +15,8 @@ from aioworker.core.text_stream import TextStream
 class TextStops:
     def __init__(self, tokenizer: Decodes | None) -> None:
         self.tokenizer = tokenizer
-        self._streams: dict[str, TextStream] = {}
+        # By request id and sample index.
+        self._streams: dict[tuple[str, int], TextStream] = {}
 
     def __bool__(self) -> bool:
         return bool(self._streams)
@@ -27,27 +28,31 @@ class TextStops:
                 "directory); give stop_token_ids instead"
             )
 
-    def add(self, request_id: str, stop: tuple[str, ...]) -> None:
+    def add(self, request_id: str, sample_index: int, stop: tuple[str, ...]) -> None:
         if stop:
-            self._streams[request_id] = TextStream(self.tokenizer, stop)
+            self._streams[(request_id, sample_index)] = TextStream(self.tokenizer, stop)
 
     def discard(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+        """Every sample of the request."""
+        for key in [key for key in self._streams if key[0] == request_id]:
+            del self._streams[key]
 
     def apply(self, outputs: list[RequestOutput], stop_request) -> list[RequestOutput]:
         """Outputs with those whose text completed a stop string made terminal ("stop", and
-        the stop string); `stop_request(request_id)` ends such a request in the scheduler."""
+        the stop string); `stop_request(request_id, sample_index)` ends such a sample in the
+        scheduler."""
         for index, out in enumerate(outputs):
-            stream = self._streams.get(out.request_id)
+            key = (out.request_id, out.sample_index)
+            stream = self._streams.get(key)
             if stream is None:
                 continue
             stream.add(out.token_ids)
             if stream.matched is not None:
                 if not out.finished:
-                    stop_request(out.request_id)
+                    stop_request(*key)
                 outputs[index] = msgspec.structs.replace(
                     out, finish_reason=FinishReason.STOP, stop_string=stream.matched
                 )
             if outputs[index].finished:
-                del self._streams[out.request_id]
+                del self._streams[key]
         return outputs

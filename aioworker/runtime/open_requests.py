@@ -1,5 +1,5 @@
-"""The requests a driver has admitted and not yet ended: where each one's outputs go, and its one
-terminal output. Every request gets exactly one."""
+"""The requests a driver has admitted and not yet ended: where each one's outputs go, and its
+terminal outputs. Every request gets exactly one per sample (one, unless it asked for `n`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class Request:
     arrival: float  # time.monotonic() at admission
     first_token_at: float | None = None
     deadline: asyncio.TimerHandle | None = None  # aborts the request when its time is up
+    # Samples without their terminal output yet.
+    open_samples: set[int] | None = None
 
 
 class OpenRequests:
@@ -56,7 +58,9 @@ class OpenRequests:
     ) -> None:
         """Hand the request to the engine core; raises InvalidRequestError naming a bad field."""
         self.core.add(request_id, prompt_token_ids, params)
-        self._requests[request_id] = Request(client, time.monotonic())
+        self._requests[request_id] = Request(
+            client, time.monotonic(), open_samples=set(range(params.n))
+        )
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(prompt_token_ids))
 
@@ -76,7 +80,9 @@ class OpenRequests:
             if request.first_token_at is None:
                 self._on_first_token(request)
             if out.finish_reason is not None:
-                self._on_finished(out.request_id, out.finish_reason)
+                request.open_samples.discard(out.sample_index)
+                if not request.open_samples:
+                    self._on_finished(out.request_id, out.finish_reason)
         for (reply_to, client_key), batch in by_client.items():
             self.results.send(reply_to, Outputs(group=self.group, outputs=batch), client_key)
 
@@ -87,7 +93,8 @@ class OpenRequests:
             return False
         self._on_finished(request_id, FinishReason.ABORT)
         self.core.abort(request_id)
-        self.send_terminal(request.client, request_id, FinishReason.ABORT, reason)
+        for index in sorted(request.open_samples):
+            self.send_terminal(request.client, request_id, FinishReason.ABORT, reason, None, index)
         return True
 
     def abort_client(self, client: ClientAddress, reason: str) -> int:
@@ -106,9 +113,15 @@ class OpenRequests:
     def fail_all(self, reason: str) -> None:
         """The rank is failing: every open request ends with "error" and the reason."""
         for request_id, request in self._requests.items():
-            self.send_terminal(
-                request.client, request_id, FinishReason.ERROR, reason, ErrorKind.UNAVAILABLE
-            )
+            for index in sorted(request.open_samples):
+                self.send_terminal(
+                    request.client,
+                    request_id,
+                    FinishReason.ERROR,
+                    reason,
+                    ErrorKind.UNAVAILABLE,
+                    index,
+                )
         self._requests.clear()
 
     def send_terminal(
@@ -118,9 +131,10 @@ class OpenRequests:
         reason: FinishReason,
         message: str,
         error_kind: ErrorKind | None = None,
+        sample_index: int = 0,
     ) -> None:
         """A terminal output outside a step: refused at admission, aborted, failed."""
-        output = self.core.terminal_output(request_id, reason, message, error_kind)
+        output = self.core.terminal_output(request_id, reason, message, error_kind, sample_index)
         reply_to, client_key = client
         self.results.send(reply_to, Outputs(group=self.group, outputs=[output]), client_key)
 

@@ -49,14 +49,33 @@ from aioworker.wire.transport import (
 log = logging.getLogger(__name__)
 
 
-class RequestStream:
-    """One request's outputs as they arrive, ending after its terminal output; `group` is the
-    data-parallel group serving it."""
+class OpenSamples:
+    """How many of a request's samples have not ended: each ends with its terminal output, and
+    an error ends them all (a refusal at admission, a lost group, a missed deadline)."""
 
-    def __init__(self, request_id: str, group: int, queue: asyncio.Queue[RequestOutput]) -> None:
+    __slots__ = ("num_open",)
+
+    def __init__(self, n: int) -> None:
+        self.num_open = n
+
+    def end(self, out: RequestOutput) -> bool:
+        """Count `out`; whether the request has ended with it."""
+        if out.finish_reason is not None:
+            self.num_open = 0 if out.finish_reason == FinishReason.ERROR else self.num_open - 1
+        return self.num_open == 0
+
+
+class RequestStream:
+    """One request's outputs as they arrive (of all its samples, told apart by `sample_index`),
+    ending after its last terminal output; `group` is the data-parallel group serving it."""
+
+    def __init__(
+        self, request_id: str, group: int, queue: asyncio.Queue[RequestOutput], n: int = 1
+    ) -> None:
         self.request_id = request_id
         self.group = group
         self._queue = queue
+        self._open = OpenSamples(n)
         self._ended = False
 
     def __aiter__(self) -> RequestStream:
@@ -66,7 +85,7 @@ class RequestStream:
         if self._ended:
             raise StopAsyncIteration
         out = await self._queue.get()
-        self._ended = out.finished
+        self._ended = self._open.end(out)
         return out
 
     def ready(self) -> list[RequestOutput]:
@@ -75,7 +94,7 @@ class RequestStream:
         outs = []
         while not self._ended and not self._queue.empty():
             out = self._queue.get_nowait()
-            self._ended = out.finished
+            self._ended = self._open.end(out)
             outs.append(out)
         return outs
 
@@ -110,6 +129,7 @@ class Client:
         self.first_beat_timeout_s = first_beat_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._open: dict[str, OpenSamples] = {}
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._owner: dict[str, int] = {}
         self._in_flight = [0] * len(task_endpoints)
@@ -214,6 +234,7 @@ class Client:
         group = self._pick_group() if group is None else group
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
+        self._open[request_id] = OpenSamples(params.n)
         self._owner[request_id] = group
         self._in_flight[group] += 1
         message = SubmitRequest(
@@ -223,7 +244,7 @@ class Client:
             reply_to=self.reply_endpoint,
             timeout_s=timeout_s,
         )
-        stream = RequestStream(request_id, group, queue)
+        stream = RequestStream(request_id, group, queue, params.n)
         if self._watch.is_lost[group]:
             self._end(
                 request_id,
@@ -241,11 +262,28 @@ class Client:
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> Completion:
+        """The whole request, collected (one sample: `generate_samples` gives each of n)."""
+        if params.n != 1:
+            raise ValueError(f"generate collects one sample; n is {params.n}: use generate_samples")
+        return (await self.generate_samples(prompt_token_ids, params, request_id))[0]
+
+    async def generate_samples(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> list[Completion]:
+        """Each of the request's `n` samples, collected, in sample order."""
         stream = await self.submit(prompt_token_ids, params, request_id)
-        completion = Completion(stream.request_id, list(prompt_token_ids), group=stream.group)
+        completions = [
+            Completion(stream.request_id, list(prompt_token_ids), group=stream.group)
+            for _ in range(params.n)
+        ]
         async for out in stream:
-            completion.add(out)
-        return completion
+            if out.finish_reason == FinishReason.ERROR:  # ends every sample still open
+                for completion in completions:
+                    if completion.finish_reason is None:
+                        completion.add(out)
+            else:
+                completions[out.sample_index].add(out)
+        return completions
 
     async def abort(self, request_id: str) -> None:
         """Ask the owning group to abort; the request's stream then ends with reason "abort"."""
@@ -341,8 +379,9 @@ class Client:
             self.num_unexpected_outputs += 1
             return
         queue.put_nowait(out)
-        if out.finished:
+        if out.finished and self._open[out.request_id].end(out):
             del self._queues[out.request_id]
+            del self._open[out.request_id]
             owner = self._owner.pop(out.request_id)
             self._in_flight[owner] -= 1
             deadline = self._deadlines.pop(out.request_id, None)

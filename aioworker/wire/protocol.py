@@ -18,7 +18,9 @@ from aioworker.core.weights_phase import IpcTensor, WeightsOp, WeightsPhase
 from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
 # 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
-PROTOCOL_VERSION = 3
+# 3: logprobs, stop strings and error kinds. 4: parallel samples (n, sample_index) and prefix
+# cache figures in heartbeats.
+PROTOCOL_VERSION = 4
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.

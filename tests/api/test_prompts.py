@@ -11,7 +11,6 @@ from aioworker.api.prompts import (
     COMPLETION_MAX_TOKENS,
     chat_params,
     chat_prompt,
-    choice_params,
     completion_params,
     completion_prompts,
 )
@@ -91,10 +90,8 @@ def test_limits_are_named() -> None:
         assert caught.value.param == param and caught.value.status == 400
 
 
-def test_n_choices_take_consecutive_seeds() -> None:
-    params = completion_params(completion(prompt="x", seed=10))
-    assert [p.seed for p in choice_params(params, 3)] == [10, 11, 12]
-    unseeded = completion_params(completion(prompt="x"))
-    assert [p.seed for p in choice_params(unseeded, 2)] == [None, None]
-    with pytest.raises(ApiError, match="n is 0"):
-        choice_params(params, 0)
+def test_n_is_the_samples_of_one_request() -> None:
+    assert completion_params(completion(prompt="x", n=4, seed=10)).n == 4
+    with pytest.raises(ApiError, match="n is 65") as caught:
+        completion_params(completion(prompt="x", n=65))
+    assert caught.value.param == "n"
