@@ -89,3 +89,26 @@ def test_preempted_requests_hit_their_own_blocks_and_answer_the_same(
     finally:
         small.close()
     assert got == tokens(uncached, prompts, params)
+
+
+def test_requests_admitted_in_the_same_step_share_what_the_first_computes(cached, uncached) -> None:
+    """The second reads the first's prefix in the very step that writes it: every layer writes
+    the whole batch's keys and values before any attention reads them."""
+    rng = random.Random(6)
+    system = random_tokens(rng, 4 * BLOCK)
+    prompts = [system + random_tokens(rng, 10 + i) for i in range(4)]
+    assert tokens(cached, prompts, GREEDY) == tokens(uncached, prompts, GREEDY)
+    assert cached.block_manager.num_hit_tokens == 3 * 4 * BLOCK
+
+
+def test_chunked_prompts_start_after_their_cached_prefix(embedded_model_dir, uncached) -> None:
+    rng = random.Random(7)
+    system = random_tokens(rng, 6 * BLOCK)
+    prompts = [system + random_tokens(rng, 50) for _ in range(3)]
+    chunked = make_engine(embedded_model_dir, **{"scheduler.max_num_batched_tokens": 40})
+    try:
+        got = [tokens(chunked, [p], SEEDED)[0] for p in prompts]
+        assert chunked.block_manager.num_hit_tokens >= 2 * 6 * BLOCK
+    finally:
+        chunked.close()
+    assert got == tokens(uncached, prompts, SEEDED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from aioworker.bench import gpu, gpu_reference
+from aioworker.bench import gpu, gpu_prefix, gpu_reference
 from aioworker.bench.report import format_table
 from aioworker.checkpoint.model_config import load_model_config
 
@@ -78,34 +78,83 @@ def run_w5(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:
     return format_table(header, rows), notes
 
 
-# W1 runs this many times with and without logprobs, alternating; the table gives medians.
+# W1 runs this many times in each variant, alternating; the table gives medians.
 W1_REPEATS = 3
+# name -> (logprobs, prefix caching)
+W1_VARIANTS = {
+    "aioworker": (None, True),
+    "aioworker, logprobs=5": (5, True),
+    "aioworker, prefix caching off": (None, False),
+}
 
 
 def run_w1(limits: gpu.Limits) -> tuple[str, str]:
     cfg = load_model_config(gpu.QWEN3_06B)
     engine = gpu.make_engine(gpu.QWEN3_06B, 2048)
-    runs: dict[int | None, list[float]] = {None: [], 5: []}
+    runs: dict[str, list[float]] = {name: [] for name in W1_VARIANTS}
     for _ in range(W1_REPEATS):
-        for logprobs in runs:
+        for name, (logprobs, cached) in W1_VARIANTS.items():
+            gpu_prefix.set_prefix_caching(engine, cached)
             tokens_per_s, total = gpu.w1_tokens_per_s(engine, logprobs)
-            runs[logprobs].append(tokens_per_s)
+            runs[name].append(tokens_per_s)
     gpu.free(engine)
-    plain, scored = statistics.median(runs[None]), statistics.median(runs[5])
-    table = format_table(
-        ["W1 (nano-vllm, Qwen3-0.6B)", "output tok/s (median)", "runs", "output tokens"],
-        [
-            ["aioworker", f"{plain:,.0f}", _runs(runs[None]), f"{total:,}"],
-            ["aioworker, logprobs=5", f"{scored:,.0f}", _runs(runs[5]), f"{total:,}"],
-        ],
-    )
+    median = {name: statistics.median(values) for name, values in runs.items()}
+    rows = [[name, f"{median[name]:,.0f}", _runs(runs[name]), f"{total:,}"] for name in runs]
+    header = ["W1 (nano-vllm, Qwen3-0.6B)", "output tok/s (median)", "runs", "output tokens"]
+    plain = median["aioworker"]
     notes = (
-        f"Logprobs cost {1 - scored / plain:.1%} of the throughput ({W1_REPEATS} runs each, "
+        f"Logprobs cost {1 - median['aioworker, logprobs=5'] / plain:.1%} of the throughput; "
+        f"prefix caching on (nothing to share; the cache reset before each run) against off: "
+        f"{plain / median['aioworker, prefix caching off'] - 1:+.1%} ({W1_REPEATS} runs each, "
         f"alternating). Copy bandwidth {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
         f"{limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s in this run; KV bytes per token "
         f"{gpu.kv_bytes_per_token(cfg):,}."
     )
-    return table, notes
+    return format_table(header, rows), notes
+
+
+def run_w6(limits: gpu.Limits) -> tuple[str, str]:
+    engine = gpu.make_engine(gpu.LLAMA_8B, 2304)
+    off = gpu_prefix.w6_shared_prefix(engine, cached=False)
+    on = gpu_prefix.w6_shared_prefix(engine, cached=True)
+    gpu.free(engine)
+    rows = [
+        ["prefix caching off", f"{off.output_tokens_per_s:,.0f}", f"{off.mean_ttft_s:.2f}"],
+        ["prefix caching on", f"{on.output_tokens_per_s:,.0f}", f"{on.mean_ttft_s:.2f}"],
+    ]
+    header = ["W6 (512 x 2,048 shared + 32, Llama-3.1-8B)", "output tok/s", "mean TTFT s"]
+    notes = (
+        f"Caching on: {on.output_tokens_per_s / off.output_tokens_per_s:.1f}x the output tokens/s "
+        f"(goal 4x), mean time to first token {off.mean_ttft_s / on.mean_ttft_s:.1f}x lower "
+        f"(goal 5x). One run each, off first; {on.num_output_tokens:,} output tokens."
+    )
+    return format_table(header, rows), notes
+
+
+def run_w7(limits: gpu.Limits) -> tuple[str, str]:
+    engine = gpu.make_engine(gpu.QWEN3_06B, 1024)
+    off = gpu_prefix.w7_grpo(engine, parallel=False)
+    on = gpu_prefix.w7_grpo(engine, parallel=True)
+    gpu.free(engine)
+    rows = [
+        [
+            "1,024 requests, caching off",
+            f"{off.output_tokens_per_s:,.0f}",
+            f"{off.mean_ttft_s:.2f}",
+        ],
+        [
+            "64 requests x n=16, caching on",
+            f"{on.output_tokens_per_s:,.0f}",
+            f"{on.mean_ttft_s:.2f}",
+        ],
+    ]
+    header = ["W7 (GRPO-like, 64 x 512 in, 256 out, Qwen3-0.6B)", "output tok/s", "mean TTFT s"]
+    notes = (
+        f"n=16 with caching: {on.output_tokens_per_s / off.output_tokens_per_s:.2f}x the tokens/s "
+        f"of independent requests without it (goal 1.5x). One run each; "
+        f"{on.num_output_tokens:,} output tokens."
+    )
+    return format_table(header, rows), notes
 
 
 def _runs(values: list[float]) -> str:

@@ -9,12 +9,12 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
-GPU_WORKLOADS = ("w1", "w4", "w5")
+GPU_WORKLOADS = ("w1", "w4", "w5", "w6", "w7")
 WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
     "returns at once, against echo baselines; api: the HTTP gateway against the raw client, "
-    "fake executor; w1, w4, w5: the GPU workloads of docs/benchmarks.md"
+    "fake executor; w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
 )
 ALONE = ("control", "api")
 
@@ -62,6 +62,8 @@ def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> i
         "w4": lambda: gpu_run.run_w4(limits, with_reference),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
         "w1": lambda: gpu_run.run_w1(limits),
+        "w6": lambda: gpu_run.run_w6(limits),
+        "w7": lambda: gpu_run.run_w7(limits),
     }
     for name in workloads:
         table, notes = runners[name]()

@@ -141,6 +141,30 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
     assert outputs[True] == outputs[False]
 
 
+def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> None:
+    """Shared prefixes, a prompt that is a prefix of another, and n=4 samples: the same tokens
+    with the cache on as off, through CUDA graphs and the decode kernel, float32."""
+    build_tiny_model("qwen3", tmp_path)
+    shared = prompts(384)[3][:160]  # 10 blocks
+    batch = [shared + tail for tail in prompts(384)[:3]] + [shared[:100], shared]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=24, ignore_eos=True, n=4)
+    outputs, hits = {}, {}
+    for cached in (True, False):
+        eng = engine(tmp_path, **{"model.dtype": "float32", "cache.enable_prefix_caching": cached})
+        try:
+            assert eng.executor.runner.graphs is not None
+            first = [c.token_ids for c in eng.generate(batch[:1], greedy)]
+            rest = [c.token_ids for c in eng.generate(batch[1:], greedy)]
+            samples = [c.token_ids for c in eng.generate([batch[0]], sampled)]
+            outputs[cached] = (first + rest, samples)
+            hits[cached] = eng.block_manager.num_hit_tokens
+        finally:
+            eng.close()
+    assert outputs[True] == outputs[False]
+    assert hits[True] > 0 and hits[False] == 0
+
+
 def test_xformers_decode_agrees_with_ours(tmp_path) -> None:
     pytest.importorskip("xformers")
     build_tiny_model("qwen3", tmp_path)
