@@ -14,9 +14,10 @@ WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
     "returns at once, against echo baselines; api: the HTTP gateway against the raw client, "
-    "fake executor; w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
+    "fake executor; chat: a 4-turn chat, prefix caching on against off (embedded model, CPU); "
+    "w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
 )
-ALONE = ("control", "api")
+ALONE = ("control", "api", "chat")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
         return run_control_plane(args.record)
     if args.workload == ["api"]:
         return run_api(args.record)
+    if args.workload == ["chat"]:
+        return run_chat(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control or api on its own")
+        return fail("run --workload control, api or chat on its own")
     return run_offline(args)
 
 
@@ -137,6 +140,44 @@ def run_api(record: str | None) -> int:
     print(table, notes, sep="\n")
     if record:
         append_to_doc(record, "HTTP gateway against the raw client (fake executor)", table, notes)
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from aioworker.bench import chat_turns
+    from aioworker.bench.report import append_to_doc, format_table
+    from aioworker.engine import LLMEngine
+
+    try:
+        engine = LLMEngine.from_config(config_from_args(args))
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    with engine:
+        runs = chat_turns.run(engine)
+        system = [{"role": "system", "content": chat_turns.SYSTEM}]
+        num_system = len(engine.tokenizer.encode_chat(system))
+    off, on = chat_turns.medians(runs[False]), chat_turns.medians(runs[True])
+    rows = [
+        [
+            f"turn {turn + 1}",
+            f"{off[turn] * 1e3:.1f}",
+            f"{on[turn] * 1e3:.1f}",
+            f"{off[turn] / on[turn]:.1f}x",
+        ]
+        for turn in range(len(off))
+    ]
+    table = format_table(["4-turn chat, TTFT ms", "caching off", "caching on", "speed-up"], rows)
+    turn4 = ", ".join(
+        f"{r[-1] * 1e3:.1f}/{c[-1] * 1e3:.1f}" for r, c in zip(runs[False], runs[True], strict=True)
+    )
+    notes = (
+        f"Medians of {chat_turns.REPEATS} conversations per side, alternating (turn 4, off/on, "
+        f"each run: {turn4} ms). A system prompt of {num_system} tokens, greedy replies of up to "
+        f"{chat_turns.REPLY.max_tokens} tokens added to the history."
+    )
+    print(table, notes, sep="\n")
+    if args.record:
+        append_to_doc(args.record, "Prefix caching: a 4-turn chat (embedded model)", table, notes)
     return 0
 
 
