@@ -46,21 +46,7 @@ class WorkerMetrics:
             "Fraction of KV blocks in use (0 to 1).",
             usage,
         )
-        gauge(
-            "aioworker:prefix_cache_blocks",
-            "KV blocks holding a cached prefix, in use or free.",
-            lambda: float(serving_info().kv_blocks_cached),
-        )
-        gauge(
-            "aioworker:prefix_cache_hit_tokens",
-            "Prompt tokens found computed in the prefix cache, since start.",
-            lambda: float(serving_info().prefix_hit_tokens),
-        )
-        gauge(
-            "aioworker:prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache, since start.",
-            lambda: float(serving_info().prefix_queried_tokens),
-        )
+        _prefix_cache_gauges(gauge, serving_info)
         self.ttft = self._histogram(
             "aioworker:time_to_first_token_seconds", "Submit to first token.", label
         )
@@ -107,3 +93,21 @@ class WorkerMetrics:
     def on_finished(self, arrival: float, reason: str) -> None:
         self.e2e.observe(time.monotonic() - arrival)
         self.finished.labels(self.group, reason).inc()
+
+
+def _prefix_cache_gauges(gauge, serving_info: Callable[[], ServingInfo]) -> None:
+    gauge(
+        "aioworker:prefix_cache_blocks",
+        "KV blocks holding a cached prefix, in use or free.",
+        lambda: float(serving_info().kv_blocks_cached),
+    )
+    gauge(
+        "aioworker:prefix_cache_hit_tokens",
+        "Prompt tokens found computed in the prefix cache, since start.",
+        lambda: float(serving_info().prefix_hit_tokens),
+    )
+    gauge(
+        "aioworker:prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache, since start.",
+        lambda: float(serving_info().prefix_queried_tokens),
+    )

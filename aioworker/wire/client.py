@@ -192,7 +192,7 @@ class Client:
         if not self._started:
             return
         for request_id in list(self._queues):
-            self._send_abort(request_id)
+            self.abort_nowait(request_id)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -292,11 +292,8 @@ class Client:
             await self._pushes[group].send_multipart(encode(AbortRequest(request_id=request_id)))
 
     def abort_nowait(self, request_id: str) -> None:
-        """abort() without waiting, from code that cannot await (a cleanup, a callback)."""
-        self._send_abort(request_id)
-
-    def _send_abort(self, request_id: str) -> None:
-        """Best effort, without waiting: the group may be gone."""
+        """abort() without waiting, from code that cannot await (a cleanup, a callback). Best
+        effort: the group may be gone."""
         group = self._owner.get(request_id)
         if group is None:
             return
@@ -310,7 +307,7 @@ class Client:
 
     def _end(self, request_id: str, reason: str, kind: ErrorKind = ErrorKind.INTERNAL) -> None:
         """End a request here, with an error its stream sees, and ask its group to abort it."""
-        self._send_abort(request_id)
+        self.abort_nowait(request_id)
         self._deliver(RequestOutput(request_id, [], FinishReason.ERROR, reason, error_kind=kind))
 
     def _on_group_lost(self, group: int, reason: str) -> None:
