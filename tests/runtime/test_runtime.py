@@ -82,6 +82,9 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
     )
     params = [scored, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)]
     expected = embedded_engine.generate(prompts, params)
+    # Then three samples of a prompt already computed: the driver's cache, followed by the peer.
+    samples = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, n=3)
+    expected_samples = [c.token_ids for c in embedded_engine.generate(prompts[1:], samples)]
     settings = {
         "model.path": str(embedded_model_dir),
         **EMBEDDED_OVERRIDES,
@@ -91,13 +94,17 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
 
     async def scenario():
         async with Client.from_config(config) as client:
-            return await generate_all([client], prompts, params)
+            completions = await generate_all([client], prompts, params)
+            return completions, await client.generate_samples(prompts[1], samples)
 
     dist_port = int(group_endpoints(config.runtime, 0, 2).dist_init.rsplit(":", 1)[1])
     with running(config, set_args):
-        completions = asyncio.run(scenario())
+        completions, sampled = asyncio.run(scenario())
+        status = admin(config, "status").data
         rendezvous = listening_addresses(dist_port)
     assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    assert [c.token_ids for c in sampled] == expected_samples
+    assert status["prefix_hit_tokens"] > 0
     assert_logprobs_close(completions[0].logprobs, expected[0].logprobs)
     assert_logprobs_close(completions[0].prompt_logprobs, expected[0].prompt_logprobs)
     assert completions[1].logprobs is None
