@@ -156,3 +156,35 @@ def test_everything_comes_back_after_all_sequences_end() -> None:
         blocks.free(seq)
     assert blocks.num_free_blocks == 8 and blocks.num_cached_blocks == 2
     assert blocks.reset_prefix_cache() == 2 and blocks.num_cached_blocks == 0
+
+
+def test_the_cache_holds_bounded_memory_under_churn() -> None:
+    """Addresses live only as long as their blocks: churning prompts through a full cache keeps
+    its memory flat (the fuzz test's RSS check relies on it)."""
+    import random
+    import tracemalloc
+
+    blocks, rng = BlockManager(128, BLOCK, enable_prefix_caching=True), random.Random(0)
+
+    def churn(num: int) -> None:
+        for i in range(num):
+            seq = Sequence(
+                i, "r", [rng.randrange(49000) for _ in range(rng.randint(1, 40))], SamplingParams()
+            )
+            blocks.use_cached(seq, blocks.cached_prefix(seq))
+            blocks.allocate(seq, len(seq.token_ids))
+            seq.num_computed_tokens = len(seq.token_ids)
+            blocks.register_full_blocks(seq)
+            blocks.free(seq)
+
+    churn(3000)
+    tracemalloc.start()
+    try:
+        churn(3000)
+        first = tracemalloc.get_traced_memory()[0]
+        churn(6000)
+        second = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert blocks.num_cached_blocks <= 128
+    assert second <= first + 16 * 1024, (first, second)
