@@ -11,11 +11,7 @@ import msgspec
 from aioworker.config import WorkerConfig
 from aioworker.wire.client import Client
 from aioworker.wire.security import ClientSecurity
-from aioworker.wire.transport import (
-    all_group_endpoints,
-    client_reply_endpoint,
-    local_address_towards,
-)
+from aioworker.wire.transport import client_reply_endpoint, local_address_towards
 
 
 class _AppendEndpoint(argparse.Action):
@@ -46,12 +42,7 @@ def client_for(connect: list[str] | None, config: WorkerConfig) -> Client:
 
 
 def endpoints(connect: list[str], config: WorkerConfig) -> tuple[list[str], str]:
-    """Task endpoints to submit to, and where to bind this client's result socket."""
-    if connect == ["config"]:
-        groups = all_group_endpoints(
-            config.runtime, config.parallel.tensor_parallel_size, config.parallel.data_parallel_size
-        )
-        return [g.tasks for g in groups], client_reply_endpoint(config.runtime)
+    """Task endpoints named on the command line, and where to bind this client's result socket."""
     if "config" in connect:
         raise ValueError(
             "give --connect either endpoints or no value (the config's endpoints), not both"

@@ -334,9 +334,13 @@ class Client:
     def _pick_group(self) -> int:
         """The READY group with the fewest of our requests in flight (ties in turn); with none
         READY, any group, whose refusal then says why."""
-        states = self.group_states()
-        candidates = [g for g, state in enumerate(states) if state == RankState.READY]
-        candidates = candidates or list(range(len(self.task_endpoints)))
+        watch = self._watch
+        candidates = [
+            g
+            for g, state in enumerate(watch.states)
+            if state == RankState.READY and not watch.is_lost[g]
+        ]
+        candidates = candidates or range(len(self.task_endpoints))
         fewest = min(self._in_flight[g] for g in candidates)
         while True:
             group = next(self._round_robin)
