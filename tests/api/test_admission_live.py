@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from tests.api.service import api_url, request, wait_healthy
+from tests.api.service import api_url, open_stream, request, wait_healthy
 from tests.processes import Process
 from tests.workers import admin, deployment
 
@@ -41,15 +41,32 @@ def fake(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_a_full_queue_answers_429_with_retry_after(fake) -> None:
+    """One request runs (max_num_seqs 1) and holds the only seat; of five more sent together,
+    exactly one may wait (max_waiting 1) and four are refused at once. Streaming the first
+    before the burst makes this independent of how fast the machine schedules."""
     url, _ = fake
-    with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda _: request(url, "POST", "/v1/completions", BODY), range(6)))
+    stream, _ = open_stream(url, "/v1/completions", {**BODY, "max_tokens": 400, "stream": True})
+    with ThreadPoolExecutor(5) as pool:
+        burst = [
+            pool.submit(request, url, "POST", "/v1/completions", BODY) for _ in range(5)
+        ]
+        refused = wait_until_done(burst, count=4)
+        stream.close()  # the worker aborts it, and the waiting request runs
+        answers = [future.result() for future in burst]
     statuses = sorted(status for status, _, _ in answers)
-    assert statuses.count(200) >= 2 and 429 in statuses, statuses
-    status, headers, body = next(a for a in answers if a[0] == 429)
-    assert headers["retry-after"] == "3"
+    assert statuses == [200, 429, 429, 429, 429], statuses
+    status, headers, body = refused[0].result()
+    assert status == 429 and headers["retry-after"] == "3"
     error = json.loads(body)["error"]
     assert error["type"] == "rate_limit_error" and "max_waiting" in error["message"]
+
+
+def wait_until_done(futures: list[Future], count: int, timeout: float = 30) -> list[Future]:
+    deadline = time.monotonic() + timeout
+    while len(done := [f for f in futures if f.done()]) < count:
+        assert time.monotonic() < deadline, f"only {len(done)} of {count} answered"
+        time.sleep(0.02)
+    return done
 
 
 def wait_health(url: str, status: int) -> dict:
