@@ -2,12 +2,15 @@
 the sampled tokens' logprobs (compute/logprobs.py).
 
 Sampling draws Exp(1) noise and takes argmax(p / noise), which picks token i with probability
-p_i. A seeded request draws its noise from a generator seeded by (seed, position of the token),
-so its tokens depend on nothing else in the batch and survive preemption and recompute.
+p_i. A seeded request draws its noise from a key derived from (seed, position of the token), so
+its tokens depend on nothing else in the batch and survive preemption and recompute. On CUDA one
+Triton pass draws every row from its key (compute/sample_kernel.py); on the CPU a torch generator
+per seeded row does. The two draw different noise: a seed reproduces on the same kind of device.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +37,12 @@ def derive_seed(seed: int, position: int) -> int:
 
 
 class Sampler:
-    def __init__(self, seed: int, device: torch.device) -> None:
+    def __init__(self, seed: int, device: torch.device, one_pass: bool | None = None) -> None:
+        """`one_pass`: draw with the Triton kernel (default: on CUDA)."""
         self.device = device
         self.batch_generator = torch.Generator(device=device).manual_seed(seed)
+        self.one_pass = device.type == "cuda" if one_pass is None else one_pass
+        self.unseeded_keys = random.Random(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
@@ -53,7 +59,9 @@ class Sampler:
             token_ids, scaled = logits.argmax(dim=-1), logits  # temperature 1 for logprobs
         else:
             temperatures = [row.sampling.temperature or 1.0 for row in rows]
-            scaled = logits / _on(logits.device, temperatures)[:, None]
+            scaled = logits  # temperature 1 everywhere (GRPO's default) skips a pass
+            if any(t != 1.0 for t in temperatures):
+                scaled = logits / _on(logits.device, temperatures)[:, None]
             token_ids = self._draw(logits, scaled, rows)
         if k < 0:
             return token_ids, None
@@ -63,12 +71,27 @@ class Sampler:
         self, logits: torch.Tensor, scaled: torch.Tensor, rows: list[SampleRow]
     ) -> torch.Tensor:
         """`scaled`: logits / temperature, 1 where greedy (those rows take the argmax)."""
-        greedy_ids = logits.argmax(dim=-1)
-        logits = _apply_top_k_top_p(scaled, rows)
-        probs = torch.softmax(logits, dim=-1)
-        sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
-        is_greedy = _on(logits.device, [row.sampling.temperature == 0.0 for row in rows])
-        return torch.where(is_greedy, greedy_ids, sampled_ids)
+        truncated = _apply_top_k_top_p(scaled, rows)
+        if self.one_pass:
+            from aioworker.compute.sample_kernel import draw_rows
+
+            sampled_ids = draw_rows(truncated, _on(logits.device, self._keys(rows)))
+        else:
+            probs = torch.softmax(truncated, dim=-1)
+            sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
+        is_greedy = [row.sampling.temperature == 0.0 for row in rows]
+        if not any(is_greedy):
+            return sampled_ids
+        return torch.where(_on(logits.device, is_greedy), logits.argmax(dim=-1), sampled_ids)
+
+    def _keys(self, rows: list[SampleRow]) -> list[int]:
+        """Each row's 63-bit noise key: from (seed, position) where seeded, else fresh."""
+        return [
+            derive_seed(row.sampling.seed, row.position)
+            if row.sampling.seed is not None
+            else self.unseeded_keys.getrandbits(63)
+            for row in rows
+        ]
 
     def _noise(self, rows: list[SampleRow], vocab_size: int) -> torch.Tensor:
         noise = torch.empty(len(rows), vocab_size, device=self.device)

@@ -47,9 +47,7 @@ def test_a_full_queue_answers_429_with_retry_after(fake) -> None:
     url, _ = fake
     stream, _ = open_stream(url, "/v1/completions", {**BODY, "max_tokens": 400, "stream": True})
     with ThreadPoolExecutor(5) as pool:
-        burst = [
-            pool.submit(request, url, "POST", "/v1/completions", BODY) for _ in range(5)
-        ]
+        burst = [pool.submit(request, url, "POST", "/v1/completions", BODY) for _ in range(5)]
         refused = wait_until_done(burst, count=4)
         stream.close()  # the worker aborts it, and the waiting request runs
         answers = [future.result() for future in burst]

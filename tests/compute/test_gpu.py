@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -157,6 +158,9 @@ def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> N
             first = [c.token_ids for c in eng.generate(batch[:1], greedy)]
             rest = [c.token_ids for c in eng.generate(batch[1:], greedy)]
             samples = [c.token_ids for c in eng.generate([batch[0]], sampled)]
+            # the one-pass sampling kernel: sample i equals a request seeded seed + i
+            alone = [msgspec.structs.replace(sampled, n=1, seed=3 + i) for i in range(4)]
+            assert samples == [c.token_ids for c in eng.generate([batch[0]] * 4, alone)]
             outputs[cached] = (first + rest, samples)
             hits[cached] = eng.block_manager.num_hit_tokens
         finally:

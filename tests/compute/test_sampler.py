@@ -1,13 +1,37 @@
+"""The sampler, each test on both of its draws: torch with a generator per seeded row, and the
+one-pass Triton kernel (in Triton's interpreter on a CPU machine)."""
+
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from aioworker.compute.sampler import Sampler, SampleRow, derive_seed
 from aioworker.core.plan import SamplingSettings
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=[False, True], ids=["torch", "one-pass"])
+def make_sampler(request):
+    """Sampler(seed) as a function of CPU logits; the one-pass kernel runs on CUDA where there
+    is a GPU, else in Triton's interpreter."""
+    if not request.param:
+        return lambda seed: Sampler(seed, CPU)
+    pytest.importorskip("triton")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def on_device(seed: int):
+        sampler = Sampler(seed, device, one_pass=True)
+        return lambda logits, rows: sampler(logits.to(device), rows).cpu()
+
+    return on_device
 
 
 def settings(
@@ -26,66 +50,66 @@ def random_logits(num_rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor
     return torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
 
 
-def test_greedy_takes_the_argmax() -> None:
+def test_greedy_takes_the_argmax(make_sampler) -> None:
     logits = random_logits(3)
-    out = Sampler(0, CPU)(logits, rows(settings(0.0), settings(0.0), settings(0.0)))
+    out = make_sampler(0)(logits, rows(settings(0.0), settings(0.0), settings(0.0)))
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
-def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
+def test_top_k_one_and_tiny_top_p_are_greedy(make_sampler) -> None:
     logits = random_logits(4)
-    out = Sampler(0, CPU)(
+    out = make_sampler(0)(
         logits,
         rows(settings(top_k=1), settings(top_k=1), settings(top_p=1e-6), settings(top_p=1e-6)),
     )
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
-def test_top_k_never_leaves_the_k_likeliest() -> None:
+def test_top_k_never_leaves_the_k_likeliest(make_sampler) -> None:
     logits = random_logits(1, vocab=100).repeat(400, 1)
-    out = Sampler(1, CPU)(logits, rows(*[settings(temperature=5.0, top_k=3)] * 400))
+    out = make_sampler(1)(logits, rows(*[settings(temperature=5.0, top_k=3)] * 400))
     allowed = set(logits[0].topk(3).indices.tolist())
     assert set(out.tolist()) <= allowed and len(set(out.tolist())) == 3
 
 
-def test_top_p_keeps_the_smallest_prefix_reaching_the_mass() -> None:
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass(make_sampler) -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log().repeat(500, 1)
-    out = Sampler(2, CPU)(logits, rows(*[settings(top_p=0.7)] * 500))
+    out = make_sampler(2)(logits, rows(*[settings(top_p=0.7)] * 500))
     assert set(out.tolist()) == {0, 1}  # 0.5 < 0.7 needs the second token; the third is cut
 
 
-def test_sampling_follows_the_distribution() -> None:
+def test_sampling_follows_the_distribution(make_sampler) -> None:
     probs = torch.tensor([0.6, 0.3, 0.1])
-    logits = probs.log().repeat(6000, 1)
-    out = Sampler(3, CPU)(logits, rows(*[settings()] * 6000))
-    frequencies = torch.bincount(out, minlength=3).float() / 6000
-    assert torch.allclose(frequencies, probs, atol=0.03)
+    logits = probs.log().repeat(1500, 1)  # Triton's interpreter takes ~5 ms a row
+    out = make_sampler(3)(logits, rows(*[settings()] * 1500))
+    frequencies = torch.bincount(out, minlength=3).float() / 1500
+    assert torch.allclose(frequencies, probs, atol=0.05)  # 4 standard deviations
 
 
-def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch() -> None:
+def test_seeded_rows_do_not_depend_on_the_rest_of_the_batch(make_sampler) -> None:
     logits = random_logits(5)
     seeded = settings(temperature=1.0, seed=1234)
-    alone = [Sampler(s, CPU)(logits[2:3], rows(seeded)).item() for s in range(3)]
-    in_batch = Sampler(99, CPU)(
+    alone = [make_sampler(s)(logits[2:3], rows(seeded)).item() for s in range(3)]
+    in_batch = make_sampler(99)(
         logits, rows(settings(), settings(0.0), seeded, settings(top_k=5), settings())
     )[2].item()
     assert alone == [alone[0]] * 3 and in_batch == alone[0]
 
 
-def test_seeded_draws_differ_by_position() -> None:
+def test_seeded_draws_differ_by_position(make_sampler) -> None:
     logits = torch.zeros(1, 1000)
-    draws = {Sampler(0, CPU)(logits, rows(settings(seed=5), position=p)).item() for p in range(20)}
+    draws = {make_sampler(0)(logits, rows(settings(seed=5), position=p)).item() for p in range(20)}
     assert len(draws) > 10
     assert derive_seed(5, 1) != derive_seed(5, 2) and 0 <= derive_seed(2**62, 7) < 2**63
 
 
-def test_min_tokens_masks_stop_tokens_until_reached() -> None:
+def test_min_tokens_masks_stop_tokens_until_reached(make_sampler) -> None:
     logits = torch.zeros(2, 10)
     logits[:, 3] = 100.0  # the stop token dominates
     row_settings = settings(0.0, min_tokens=4, stop=[3])
     early, late = SampleRow(row_settings, 10, 3), SampleRow(row_settings, 11, 4)
-    out = Sampler(0, CPU)(logits, [early, late]).tolist()
+    out = make_sampler(0)(logits, [early, late]).tolist()
     assert out[0] != 3 and out[1] == 3
 
 
