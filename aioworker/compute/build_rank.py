@@ -232,9 +232,10 @@ def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, 
     capture = config.device.max_capture_batch_size if config.device.cuda_graphs else 0
     runner = make_runner(num_blocks, capture)
     weights = RankWeights(runner, allocate_cache)
+    build.report_phase("WARMING")
     if runner.graphs is not None:
-        build.report_phase("WARMING")
         runner.graphs.capture()
+    runner.sampler.warm_up(build.model_config.vocab_size)
     return runner, weights, num_blocks
 
 

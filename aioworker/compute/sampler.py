@@ -44,6 +44,15 @@ class Sampler:
         self.one_pass = device.type == "cuda" if one_pass is None else one_pass
         self.unseeded_keys = random.Random(seed)
 
+    def warm_up(self, vocab_size: int) -> None:
+        """Compile the one-pass kernel now (the rank's WARMING phase), not in the step of the
+        first request that samples."""
+        if self.one_pass:
+            from aioworker.compute.sample_kernel import draw_rows
+
+            zeros = torch.zeros(1, vocab_size, device=self.device)
+            draw_rows(zeros, torch.zeros(1, dtype=torch.int64, device=self.device))
+
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
         return self.sample(logits, rows)[0]

@@ -128,3 +128,11 @@ def test_min_tokens_masks_stop_tokens_until_reached(make_sampler) -> None:
 def test_invalid_params_name_the_field(field: str, value, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(**{field: value}).validate()
+
+
+def test_warm_up_runs_the_one_pass_draw_and_nothing_else() -> None:
+    """The rank's WARMING phase compiles the kernel; a torch sampler has nothing to warm."""
+    pytest.importorskip("triton")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    Sampler(0, device, one_pass=True).warm_up(300)
+    Sampler(0, CPU, one_pass=False).warm_up(300)
