@@ -41,17 +41,21 @@ class Sampler:
         """`one_pass`: draw with the Triton kernel (default: on CUDA)."""
         self.device = device
         self.batch_generator = torch.Generator(device=device).manual_seed(seed)
-        self.one_pass = device.type == "cuda" if one_pass is None else one_pass
         self.unseeded_keys = random.Random(seed)
+        self.draw_rows = None  # the one-pass kernel's entry, where it is used
+        if one_pass is None:
+            one_pass = device.type == "cuda"
+        if one_pass:
+            from aioworker.compute.sample_kernel import draw_rows  # Triton enters here
+
+            self.draw_rows = draw_rows
 
     def warm_up(self, vocab_size: int) -> None:
         """Compile the one-pass kernel now (the rank's WARMING phase), not in the step of the
         first request that samples."""
-        if self.one_pass:
-            from aioworker.compute.sample_kernel import draw_rows
-
+        if self.draw_rows is not None:
             zeros = torch.zeros(1, vocab_size, device=self.device)
-            draw_rows(zeros, torch.zeros(1, dtype=torch.int64, device=self.device))
+            self.draw_rows(zeros, torch.zeros(1, dtype=torch.int64, device=self.device))
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
@@ -81,10 +85,8 @@ class Sampler:
     ) -> torch.Tensor:
         """`scaled`: logits / temperature, 1 where greedy (those rows take the argmax)."""
         truncated = _apply_top_k_top_p(scaled, rows)
-        if self.one_pass:
-            from aioworker.compute.sample_kernel import draw_rows
-
-            sampled_ids = draw_rows(truncated, _on(logits.device, self._keys(rows)))
+        if self.draw_rows is not None:
+            sampled_ids = self.draw_rows(truncated, _on(logits.device, self._keys(rows)))
         else:
             probs = torch.softmax(truncated, dim=-1)
             sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
