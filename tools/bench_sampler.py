@@ -3,7 +3,7 @@ one-pass Triton draw, seeded rows at temperature 1.0, as in GRPO rollouts. Wall 
 host work and GPU work together (synchronised after each call); 3 runs per side, alternating,
 medians.
 
-    python tools/bench_sampler.py [--rows 256] [--vocab 151936]
+    python tools/bench_sampler.py [--rows 256] [--vocab 151936] [--record docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from aioworker.bench.report import append_to_doc, format_table
 from aioworker.compute.sampler import Sampler, SampleRow
 from aioworker.core.plan import SamplingSettings
 
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--record", metavar="FILE", help="append a dated section to FILE")
     args = parser.parse_args()
     device = torch.device("cuda")
     logits = torch.randn(args.rows, args.vocab, device=device, dtype=torch.bfloat16) * 3
@@ -43,10 +45,15 @@ def main() -> None:
         for one_pass in (False, True):
             sampler = Sampler(0, device, one_pass=one_pass)
             times[one_pass].append(time_calls(sampler, logits, rows, args.calls))
-    for one_pass, name in ((False, "torch, a generator per seeded row"), (True, "one-pass")):
-        runs = ", ".join(f"{t:.3f}" for t in times[one_pass])
-        print(f"{name}: {statistics.median(times[one_pass]):.3f} ms/step (runs {runs})")
-    print(f"{args.rows} seeded rows x {args.vocab} tokens, temperature 1.0, bf16 logits")
+    rows_out = [
+        [name, f"{statistics.median(times[one_pass]):.3f}", ", ".join(f"{t:.3f}" for t in times[one_pass])]
+        for one_pass, name in ((False, "torch, a generator per seeded row"), (True, "one pass (Triton)"))
+    ]  # fmt: skip
+    title = f"{args.rows} seeded rows x {args.vocab:,} tokens, temperature 1.0"
+    table = format_table([title, "ms per step (median)", "runs"], rows_out)
+    print(table)
+    if args.record:
+        append_to_doc(args.record, "Sampler, one pass against torch", table)
 
 
 if __name__ == "__main__":
