@@ -34,8 +34,9 @@ class RequestValidator:
                 f"[0, {self.vocab_size})"
             )
         params.validate()
-        for token_id in params.stop_token_ids:
-            if not 0 <= token_id < self.vocab_size:
+        for field, token_ids in params.token_ids_to_check():
+            bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
                 raise InvalidRequestError(
-                    f"stop_token_ids holds {token_id}; token ids must be in [0, {self.vocab_size})"
+                    f"{field} holds {bad}; token ids must be in [0, {self.vocab_size})"
                 )

@@ -18,6 +18,15 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LENGTH = 256
 # The most samples one request may ask for (`n`).
 MAX_SAMPLES = 64
+# OpenAI's bounds on presence_penalty and frequency_penalty, and on each logit_bias value.
+MAX_ABS_PENALTY = 2.0
+MAX_ABS_LOGIT_BIAS = 100.0
+# How many entries logit_bias, allowed_token_ids and bad_words_token_ids may hold, and how many
+# tokens one bad word may have: bounds on the per-request work of every step.
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_ALLOWED_TOKEN_IDS = 65536
+MAX_BAD_WORDS = 128
+MAX_BAD_WORD_TOKENS = 16
 
 
 class InvalidRequestError(ValueError):
@@ -48,6 +57,23 @@ class SamplingParams(
     # Independent samples of the same prompt, which is computed once and shared; sample i is
     # seeded with seed + i and has its own outputs (`sample_index`) and terminal output.
     n: int = 1
+    # Penalties on tokens already seen. repetition_penalty > 0 (1 = off) divides the positive
+    # logits, and multiplies the negative ones, of every token in the prompt or the output
+    # (CTRL's rule, as vLLM and transformers apply it). presence_penalty and frequency_penalty
+    # (-2..2, 0 = off) subtract from the logit of every token in the output: once, and once per
+    # time it appeared (OpenAI's rule).
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Drops tokens whose probability is below min_p times the likeliest token's (0 = off).
+    min_p: float = 0.0
+    # Added to the logits of these token ids (-100..100), before penalties and temperature.
+    logit_bias: dict[int, float] = {}
+    # Only these token ids may be sampled (None = any).
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Token sequences never generated: the last token of each is banned wherever the output
+    # ends with the others (a one-token word is banned everywhere).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def validate(self) -> None:
         """Check the fields that need no model; token ids are checked against the vocabulary at admission."""
@@ -76,6 +102,70 @@ class SamplingParams(
                     f"{name} is {value}; it must be between 0 and {MAX_LOGPROBS}"
                 )
         self._validate_stop()
+        self._validate_logits_controls()
+
+    def _validate_logits_controls(self) -> None:
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise InvalidRequestError(
+                f"repetition_penalty is {self.repetition_penalty}; it must be finite and > 0 "
+                "(1 disables it)"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY:
+                raise InvalidRequestError(
+                    f"{name} is {value}; it must be between -{MAX_ABS_PENALTY:g} and "
+                    f"{MAX_ABS_PENALTY:g} (0 disables it)"
+                )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(
+                f"min_p is {self.min_p}; it must be in [0, 1] (0 disables it)"
+            )
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequestError(
+                f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} "
+                "are allowed"
+            )
+        for token_id, bias in self.logit_bias.items():
+            if not -MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS:
+                raise InvalidRequestError(
+                    f"logit_bias for token {token_id} is {bias}; each value must be between "
+                    f"-{MAX_ABS_LOGIT_BIAS:g} and {MAX_ABS_LOGIT_BIAS:g}"
+                )
+        if self.allowed_token_ids is not None and not (
+            0 < len(self.allowed_token_ids) <= MAX_ALLOWED_TOKEN_IDS
+        ):
+            raise InvalidRequestError(
+                f"allowed_token_ids has {len(self.allowed_token_ids)} ids; give 1 to "
+                f"{MAX_ALLOWED_TOKEN_IDS} (or leave it out to allow any token)"
+            )
+        if len(self.bad_words_token_ids) > MAX_BAD_WORDS:
+            raise InvalidRequestError(
+                f"bad_words has {len(self.bad_words_token_ids)} entries; at most {MAX_BAD_WORDS} "
+                "are allowed"
+            )
+        for word in self.bad_words_token_ids:
+            if not 0 < len(word) <= MAX_BAD_WORD_TOKENS:
+                raise InvalidRequestError(
+                    f"a bad word has {len(word)} tokens; each must have 1 to {MAX_BAD_WORD_TOKENS}"
+                )
+
+    def token_ids_to_check(self) -> list[tuple[str, list[int]]]:
+        """Every token id the request names, by field, for the vocabulary check at admission."""
+        fields = [("stop_token_ids", list(self.stop_token_ids))]
+        fields.append(("logit_bias", list(self.logit_bias)))
+        fields.append(("allowed_token_ids", list(self.allowed_token_ids or ())))
+        fields.append(("bad_words", [t for word in self.bad_words_token_ids for t in word]))
+        return fields
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether sampling needs the tokens the sequence has seen."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
 
     def _validate_stop(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
