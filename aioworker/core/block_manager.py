@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from aioworker.core.block_hashes import BlockKey, extend_hashes
+from aioworker.core.block_hashes import BlockHasher, BlockKey
 from aioworker.core.sequence import Sequence
 
 
@@ -32,6 +32,7 @@ class BlockManager:
         self._key_of_block: dict[int, BlockKey] = {}
         # Bumped by reset_prefix_cache (new weights, released memory): part of every hash.
         self.epoch = 0
+        self.hasher = BlockHasher()
         # Prompt tokens looked up, and found computed already.
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
@@ -120,7 +121,9 @@ class BlockManager:
         if seq.prompt_logprobs is not None:
             return []  # prompt logprobs need every prompt position computed
         num_full = (len(seq.token_ids) - 1) // self.block_size
-        keys = extend_hashes(seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch)
+        keys = self.hasher.extend(
+            seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch
+        )
         hits = []
         for key in keys:
             block_id = self._block_of_key.get(key)
@@ -155,7 +158,9 @@ class BlockManager:
         if num_full <= len(seq.block_hashes):
             return
         first = len(seq.block_hashes)
-        keys = extend_hashes(seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch)
+        keys = self.hasher.extend(
+            seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch
+        )
         for key, block_id in zip(keys, seq.block_table[first:num_full], strict=True):
             if key not in self._block_of_key and block_id not in self._key_of_block:
                 self._block_of_key[key] = block_id

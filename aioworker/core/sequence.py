@@ -66,7 +66,7 @@ class Sequence:
         )
         # Prefix caching: the content address of each full block so far, and the cache epoch
         # its KV began in (-1: not shared); the tokens it found computed when admitted.
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         self.cache_epoch = -1
         self.num_cached_tokens = 0
         # Parallel samples: sample 0 leads; the others wait in `followers` until its prompt is
