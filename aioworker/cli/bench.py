@@ -15,9 +15,10 @@ WORKLOAD_HELP = (
     "transformers, the default); control: the control plane alone, with an executor that "
     "returns at once, against echo baselines; api: the HTTP gateway against the raw client, "
     "fake executor; chat: a 4-turn chat, prefix caching on against off (embedded model, CPU); "
-    "w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
+    "serve: the whole service under a streamed load, quiet and beside a busy process, against "
+    "the offline engine (CPU; --dtype picks the precision); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
 )
-ALONE = ("control", "api", "chat")
+ALONE = ("control", "api", "chat", "serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         return run_api(args.record)
     if args.workload == ["chat"]:
         return run_chat(args)
+    if args.workload == ["serve"]:
+        return run_serve(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control, api or chat on its own")
+        return fail("run --workload control, api, chat or serve on its own")
     return run_offline(args)
 
 
@@ -178,6 +181,31 @@ def run_chat(args: argparse.Namespace) -> int:
     print(table, notes, sep="\n")
     if args.record:
         append_to_doc(args.record, "Prefix caching: a 4-turn chat (embedded model)", table, notes)
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from aioworker.bench import serving
+    from aioworker.bench.report import append_to_doc, format_table
+    from aioworker.cli.serve import worker_config_argv
+    from aioworker.engine import LLMEngine
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    for name in ("tp", "dp"):
+        setattr(args, name, None)  # one rank: what the offline baseline runs
+    with LLMEngine.from_config(config) as engine:
+        tokenizer = engine.tokenizer
+        dtype = engine.loaded.dtype
+        offline = serving.run_offline(engine, tokenizer)
+    runs = serving.run_serving(worker_config_argv(args), tokenizer, ["completions", "chat"])
+    header, rows, notes = serving.report(runs, offline)
+    table = format_table(header, rows)
+    print(table, notes, sep="\n")
+    if args.record:
+        append_to_doc(args.record, f"Serving on the CPU, {dtype}", table, notes)
     return 0
 
 
