@@ -157,8 +157,8 @@ class ApiOptions(_Section):
     shutdown_timeout_s: float = 30.0
     # One log line per HTTP request (uvicorn's access log).
     access_log: bool = False
-    # The largest request body (413 past it). 32 MiB holds a 1M-token prompt as token ids, and
-    # a 128K-token one as text even if every character were JSON-escaped.
+    # The largest request body (413 past it). 32 MiB holds a 128K-token prompt in any form: as
+    # token ids (under 1 MiB) or as text of the most JSON-costly token (10 MiB for SmolLM2).
     max_body_bytes: int = 32 << 20
     # Threads that tokenize (and render chat templates) off the event loop.
     tokenizer_threads: int = 2
