@@ -49,15 +49,18 @@ def test_health_answers_at_once_while_a_huge_prompt_is_tokenized(tmp_path, token
             target=lambda: answer.append((post(served, "/v1/completions", body), time.monotonic()))
         )
         sender.start()
-        slowest = 0.0
+        waits = []
         while sender.is_alive():
             asked = time.monotonic()
             assert request(served.url, "GET", "/health")[0] == 200
-            slowest = max(slowest, time.monotonic() - asked)
+            waits.append(time.monotonic() - asked)
         sender.join()
     (status, error), answered = answer[0]
     assert status == 400 and "max_model_len is 100000" in error["error"]["message"]
-    assert answered - started > 4 * slowest and slowest < 0.5, (answered - started, slowest)
+    # Tokenizing on the event loop would hold /health for all of it: one answer, as slow as the
+    # refusal. Off the loop, many answers, each a small part of it (on a loaded machine too).
+    took = answered - started
+    assert len(waits) >= 5 and max(waits) < took / 4, (took, sorted(waits)[-3:], len(waits))
 
 
 def test_a_prompt_longer_than_max_model_len_is_refused_naming_both_lengths(served) -> None:
