@@ -137,12 +137,18 @@ class SecurityOptions(_Section):
 class ApiOptions(_Section):
     """The OpenAI-compatible HTTP server (`aioworker api`, or `serve --api-port`)."""
 
-    # The HTTP server has no authentication of its own: keep it on loopback, or behind a proxy.
+    # Without api_key the HTTP server has no authentication: keep it on loopback, or behind a
+    # proxy that has.
     host: str = "127.0.0.1"
     # 0: any free port (the server prints the one it got).
     port: int = 8000
-    # The name clients give as `model`; empty: the last part of model.path.
-    served_model_name: str = ""
+    # The names clients give as `model`: one, or a list whose first is the one answers carry;
+    # empty: the last part of model.path.
+    served_model_name: str | list[str] = ""
+    # Bearer token every route but /health asks for; empty: none (AIOWORKER_API_KEY also sets it).
+    api_key: str = ""
+    # A Jinja chat template file used instead of the model's.
+    chat_template: str = ""
     # The Retry-After header (seconds) of a 429, when a group's queue is full.
     retry_after_s: int = 1
     # Each request's deadline in the workers (they abort it then); 0: none.
@@ -151,6 +157,45 @@ class ApiOptions(_Section):
     shutdown_timeout_s: float = 30.0
     # One log line per HTTP request (uvicorn's access log).
     access_log: bool = False
+    # The largest request body (413 past it). 32 MiB holds a 128K-token prompt in any form: as
+    # token ids (under 1 MiB) or as text of the most JSON-costly token (10 MiB for SmolLM2).
+    max_body_bytes: int = 32 << 20
+    # Threads that tokenize (and render chat templates) off the event loop.
+    tokenizer_threads: int = 2
+    # A connection that has not sent a whole request head this long after it opened (or after
+    # its previous answer) is closed.
+    header_timeout_s: float = 10.0
+    # A body that has not fully arrived this long after its head is answered 408.
+    body_timeout_s: float = 60.0
+    # An idle keep-alive connection is closed after this long.
+    keep_alive_timeout_s: float = 5.0
+    # A request head (request line and headers) over this many bytes, or with more headers than
+    # max_headers, is answered 431.
+    max_header_bytes: int = 65536
+    max_headers: int = 100
+    # Open connections beyond this many are answered 503 and closed.
+    max_connections: int = 4096
+
+    def __post_init__(self) -> None:
+        # (WorkerConfig's default instance runs this before the module's helpers exist.)
+        counts = ("max_body_bytes", "tokenizer_threads", "max_header_bytes", "max_headers")
+        for name in (*counts, "max_connections"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"api.{name} is {getattr(self, name)}; it must be at least 1")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ConfigError(f"api.{name} is {value}; give seconds > 0")
+        if not all(self.served_model_names):
+            raise ConfigError("api.served_model_name holds an empty name; give names, or none")
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """The names as given (empty when none was: the gateway then names the model's path)."""
+        names = self.served_model_name
+        if isinstance(names, str):
+            return (names,) if names else ()
+        return tuple(names)
 
 
 class WorkerConfig(_Section):

@@ -19,10 +19,10 @@ from aioworker.core.block_manager import BlockManager
 from aioworker.core.engine_core import EngineCore
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
+from aioworker.core.output_text import OutputText
 from aioworker.core.outputs import Completion, FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.scheduler import Scheduler
-from aioworker.core.text_stream import TextStream
 
 
 class LLMEngine:
@@ -40,7 +40,7 @@ class LLMEngine:
             executor, loaded, config.scheduler, None, config.cache.enable_prefix_caching
         )
         self._request_ids = itertools.count()
-        self._texts: dict[tuple[str, int], TextStream] = {}  # by request id and sample index
+        self._texts: dict[tuple[str, int], OutputText] = {}  # by request id and sample index
 
     @classmethod
     def from_config(cls, config: WorkerConfig, progress: bool = True) -> LLMEngine:
@@ -77,7 +77,7 @@ class LLMEngine:
         self.core.add(request_id, token_ids, params)
         if self.tokenizer is not None:
             for index in range(params.n):
-                self._texts[(request_id, index)] = TextStream(self.tokenizer, params.stop)
+                self._texts[(request_id, index)] = OutputText(self.tokenizer, params.stop)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:

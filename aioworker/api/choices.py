@@ -1,19 +1,19 @@
 """One choice of a request as its outputs arrive: its text, cut at a stop string exactly where
-the worker cut it (the same TextStream over the same tokens), its token count and logprobs."""
+the worker cut it (the same OutputText over the same tokens), its token count and logprobs."""
 
 from __future__ import annotations
 
 from aioworker.api.prompts import Prompt
 from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.output_text import OutputText
 from aioworker.core.outputs import FinishReason, RequestOutput, TokenLogprobs
-from aioworker.core.text_stream import TextStream
 
 
 class Choice:
     def __init__(self, index: int, prompt: Prompt, tokenizer: Tokenizer, stop: tuple[str, ...]):
         self.index = index
         self.prompt = prompt
-        self._text = TextStream(tokenizer, stop)
+        self._text = OutputText(tokenizer, stop)
         self.text = ""
         self.num_tokens = 0
         self.logprobs: list[TokenLogprobs] = []

@@ -1,35 +1,54 @@
 """What the HTTP server holds for its whole life: the client of the worker groups, the model's
-tokenizer, the served model's name and context length, its options and metrics."""
+tokenizer (and the pool that runs it), the model served under its names, its options and
+metrics."""
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aioworker.api.errors import ApiError, unavailable
 from aioworker.api.logprob_format import TokenTexts
 from aioworker.api.metrics import ApiMetrics
+from aioworker.api.tokenizing import PromptTokenizer
 from aioworker.checkpoint.model_config import load_model_config
 from aioworker.checkpoint.source import resolve_model_path
 from aioworker.checkpoint.tokenizer import Tokenizer
-from aioworker.config import ApiOptions, WorkerConfig
+from aioworker.config import ApiOptions, ConfigError, WorkerConfig
 from aioworker.wire.client import Client
 from aioworker.wire.health import RankState
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    # The `model` names clients may give; answers carry the first.
+    names: tuple[str, ...]
+    # model.path as configured (/v1/models calls it `root`).
+    root: str
+    max_model_len: int
+    # Token ids the model takes (its config.json), which may exceed the tokenizer's.
+    vocab_size: int
 
 
 @dataclass
 class Gateway:
     client: Client
     tokenizer: Tokenizer
-    model_name: str
-    max_model_len: int
+    model: ServedModel
     options: ApiOptions
-    metrics: ApiMetrics
+    metrics: ApiMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.texts = TokenTexts(self.tokenizer)
+        self.tokens = PromptTokenizer(
+            self.tokenizer,
+            self.model.max_model_len,
+            self.model.vocab_size,
+            self.options.tokenizer_threads,
+        )
+        self.metrics = ApiMetrics(self.model_name, self.client.latest_heartbeats)
         # Response and request ids: unique to this process, cheaper than a uuid each.
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = itertools.count()
@@ -39,19 +58,31 @@ class Gateway:
 
     @classmethod
     def from_config(cls, config: WorkerConfig, client: Client, progress: bool = False) -> Gateway:
-        """Reads the model directory's tokenizer and config.json (no weights)."""
+        """Reads the model directory's tokenizer and config.json (no weights), and the chat
+        template file if api.chat_template names one."""
         model_dir = resolve_model_path(config.model.path, progress)
-        max_model_len = (
-            config.model.max_model_len or load_model_config(model_dir).max_position_embeddings
+        model_config = load_model_config(model_dir)
+        tokenizer = Tokenizer(model_dir)
+        if config.api.chat_template:
+            tokenizer.chat_template = read_chat_template(config.api.chat_template, tokenizer)
+        model = ServedModel(
+            config.api.served_model_names or (Path(config.model.path).name,),
+            config.model.path,
+            config.model.max_model_len or model_config.max_position_embeddings,
+            model_config.vocab_size,
         )
-        return cls(
-            client,
-            Tokenizer(model_dir),
-            config.api.served_model_name or Path(config.model.path).name,
-            max_model_len,
-            config.api,
-            ApiMetrics(),
-        )
+        return cls(client, tokenizer, model, config.api)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.names[0]
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
+
+    def close(self) -> None:
+        self.tokens.close()
 
     def group_states(self) -> list[str]:
         return self.client.group_states()
@@ -67,11 +98,13 @@ class Gateway:
             listed = ", ".join(f"group {g} {state}" for g, state in enumerate(states))
             raise unavailable(f"no worker group is READY ({listed}); retry later")
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
+    def check_model(self, name: str | None) -> None:
+        """None: the client named no model (allowed where the field is optional)."""
+        if name is not None and name not in self.model.names:
+            served = ", ".join(repr(n) for n in self.model.names)
             raise ApiError(
                 404,
-                f"model {name!r} is not served here; this server serves {self.model_name!r}",
+                f"model {name!r} is not served here; this server serves {served}",
                 "model",
                 "not_found_error",
             )
@@ -79,3 +112,19 @@ class Gateway:
     @property
     def timeout_s(self) -> float | None:
         return self.options.request_timeout_s or None
+
+
+def read_chat_template(path: str, tokenizer: Tokenizer) -> str:
+    """The file's text, tried once on a user message so a broken template fails at start."""
+    try:
+        template = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"api.chat_template: cannot read {path}: {exc}") from None
+    saved, tokenizer.chat_template = tokenizer.chat_template, template
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hello"}])
+    except Exception as exc:  # jinja's syntax and render errors, and the template's own raise
+        raise ConfigError(f"api.chat_template {path} does not render: {exc}") from None
+    finally:
+        tokenizer.chat_template = saved
+    return template

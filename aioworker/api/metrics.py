@@ -1,17 +1,24 @@
-"""Prometheus metrics of the gateway itself (the workers export their own): requests by endpoint
-and status, requests in flight, time to the first token, tokens in and out, disconnects."""
+"""Prometheus metrics of the gateway: its own (requests by endpoint and status, requests in
+flight, time to the first streamed token, tokens in and out, disconnects) and the engine's as
+the gateway sees them (engine_metrics.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from aioworker.api.engine_metrics import EngineMetrics
+from aioworker.wire.protocol import Heartbeat
 
 # Seconds: the gateway adds well under a millisecond; a model's prefill takes 10 ms to seconds.
 FIRST_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str, heartbeats: Callable[[], list[Heartbeat | None]]) -> None:
         self.registry = CollectorRegistry()
+        self.engine = EngineMetrics(self.registry, model_name, heartbeats)
         self.requests = Counter(
             "aioworker_api_requests",
             "HTTP requests answered, by endpoint and status code",

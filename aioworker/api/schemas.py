@@ -1,18 +1,23 @@
-"""The request bodies of /v1/completions and /v1/chat/completions, decoded strictly: a field we
-do not implement is refused by name, never ignored. Fields of OpenAI's that change nothing at
-their neutral value (a penalty of 0, an empty logit_bias) are accepted only at that value.
+"""The request bodies of the HTTP routes, decoded strictly: a field we do not implement is refused
+by name, never ignored. Fields of OpenAI's that change nothing at their neutral value (best_of
+equal to n, tool_choice "none") are accepted only at that value.
 
-Beyond OpenAI's fields, as vLLM and SGLang accept them: top_k, min_tokens, stop_token_ids,
-ignore_eos."""
+Beyond OpenAI's fields, as vLLM and SGLang accept them: top_k, min_p, repetition_penalty,
+min_tokens, stop_token_ids, ignore_eos, allowed_token_ids, bad_words, and
+stream_options.continuous_usage_stats. Integers are bounded to 64 bits here, so a number too big
+for the wire is a 400 naming its field."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from aioworker.api.errors import ApiError, invalid
+
+# What the wire (msgpack) carries; anything larger could not be a valid value of any field.
+Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -21,6 +26,8 @@ class _Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class StreamOptions(_Body, kw_only=True):
     include_usage: bool = False
+    # Every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class TextPart(_Body, kw_only=True):
@@ -42,23 +49,29 @@ class ChatMessage(_Body, kw_only=True):
 
 class _Sampling(_Body, kw_only=True):
     model: str
-    n: int = 1
+    n: Int = 1
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    min_tokens: int = 0
-    seed: int | None = None
+    top_k: Int | None = None
+    min_p: float | None = None
+    min_tokens: Int = 0
+    # -1: no seed (as vLLM takes it).
+    seed: Int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    # Token ids as strings (OpenAI's form), to -100..100.
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[Int] | None = None
+    # Words never generated, each as given and with a leading space (prompts.py tokenizes them).
+    bad_words: list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # An end-user label (abuse monitoring at OpenAI): accepted, changes nothing.
     user: str | None = None
-    # Accepted only at their neutral value (see neutral_only).
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -70,20 +83,20 @@ class _Sampling(_Body, kw_only=True):
 class CompletionRequest(_Sampling, kw_only=True):
     # A string, a list of strings, a list of token ids, or a list of those (checked in prompts.py).
     prompt: str | list[Any]
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     echo: bool = False
     # 0..20 alternatives per token (OpenAI allows 5; we allow MAX_LOGPROBS).
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Int | None = None
+    best_of: Int | None = None
     suffix: str | None = None
 
 
 class ChatRequest(_Sampling, kw_only=True):
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -91,12 +104,6 @@ class ChatRequest(_Sampling, kw_only=True):
 
 def neutral_only(body: _Sampling) -> None:
     """Refuse OpenAI fields we do not implement, unless they hold the value that changes nothing."""
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0):
-            raise invalid(f"{name} {value} is not supported; only 0 (no penalties here)", name)
-    if body.logit_bias:
-        raise invalid("logit_bias is not supported; leave it empty", "logit_bias")
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, body.n):
             raise invalid(f"best_of {body.best_of} is not supported; leave it unset", "best_of")
@@ -111,30 +118,67 @@ def neutral_only(body: _Sampling) -> None:
             raise invalid("response_format: only {'type': 'text'} is supported", "response_format")
 
 
+class TokenizeRequest(_Body, kw_only=True):
+    """POST /tokenize: a prompt, or chat messages through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    # Default: true for a prompt, false for messages (the template writes them).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Body, kw_only=True):
+    model: str | None = None
+    tokens: list[Int]
+
+
 _COMPLETION = msgspec.json.Decoder(CompletionRequest)
 _CHAT = msgspec.json.Decoder(ChatRequest)
+_TOKENIZE = msgspec.json.Decoder(TokenizeRequest)
+_DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
-_AT = re.compile(r"at `\$\.?([^`]*)`")
+_AT = re.compile(r" - at `\$\.?([^`]*)`")
 
 
 def decode_completion(raw: bytes) -> CompletionRequest:
-    return _decode(_COMPLETION, raw)
+    body = _decode(_COMPLETION, raw)
+    neutral_only(body)
+    return body
 
 
 def decode_chat(raw: bytes) -> ChatRequest:
-    return _decode(_CHAT, raw)
+    body = _decode(_CHAT, raw)
+    neutral_only(body)
+    return body
+
+
+def decode_tokenize(raw: bytes) -> TokenizeRequest:
+    body = _decode(_TOKENIZE, raw)
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("give either prompt or messages, not both or neither", "prompt")
+    return body
+
+
+def decode_detokenize(raw: bytes) -> DetokenizeRequest:
+    return _decode(_DETOKENIZE, raw)
 
 
 def _decode(decoder: msgspec.json.Decoder, raw: bytes) -> Any:
     try:
-        body = decoder.decode(raw)
+        return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
-    neutral_only(body)
-    return body
+    except RecursionError:
+        raise invalid(
+            "the request body nests arrays or objects too deeply; no field of this API nests "
+            "more than a few levels"
+        ) from None
 
 
 def _validation_error(message: str) -> ApiError:
@@ -147,4 +191,5 @@ def _validation_error(message: str) -> ApiError:
     if missing := _MISSING.search(message):
         field = f"{path}.{missing.group(1)}" if path else missing.group(1)
         return invalid(f"{field} is required", field)
-    return invalid(f"invalid request: {message}", path)
+    reason = message[: where.start()] if where else message
+    return invalid(f"{path or 'the request body'}: {reason}", path)

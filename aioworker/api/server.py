@@ -1,4 +1,5 @@
-"""Run the gateway under uvicorn, on uvloop and httptools, in this process.
+"""Run the gateway under uvicorn, on uvloop and httptools (with the limits of http_limits.py),
+in this process.
 
 The listening socket is bound here, before uvicorn starts, so port 0 works: the line printed at
 start names the port the server got. SIGTERM lets open requests finish for
@@ -6,6 +7,7 @@ start names the port the server got. SIGTERM lets open requests finish for
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import sys
@@ -15,6 +17,7 @@ import uvicorn
 
 from aioworker.api.app import build_app
 from aioworker.api.gateway import Gateway
+from aioworker.api.http_limits import HttpLimits, LimitedHttpToolsProtocol
 
 
 def serve(gateway: Gateway, host: str, port: int, log_level: str = "warning") -> None:
@@ -27,18 +30,25 @@ def serve(gateway: Gateway, host: str, port: int, log_level: str = "warning") ->
         file=sys.stderr,
         flush=True,
     )
+    _Server(server_config(gateway, log_level)).run(sockets=[sock])
+
+
+def server_config(gateway: Gateway, log_level: str = "warning") -> uvicorn.Config:
+    options = gateway.options
+    protocol = functools.partial(LimitedHttpToolsProtocol, limits=HttpLimits.from_options(options))
     config = uvicorn.Config(
         build_app(gateway),
         loop="uvloop",
-        http="httptools",
+        http=protocol,  # type: ignore[arg-type]  # a factory of the protocol, as uvicorn calls it
         lifespan="on",
         log_level=log_level.lower(),
-        access_log=gateway.options.access_log,
-        timeout_graceful_shutdown=gateway.options.shutdown_timeout_s,
+        access_log=options.access_log,
+        timeout_keep_alive=options.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
+        timeout_graceful_shutdown=options.shutdown_timeout_s,  # type: ignore[arg-type]
     )
-    if gateway.options.access_log:  # shown whatever --log-level says
+    if options.access_log:  # shown whatever --log-level says
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
-    _Server(config).run(sockets=[sock])
+    return config
 
 
 class _Server(uvicorn.Server):

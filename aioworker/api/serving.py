@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from aioworker.api.choices import Choice
-from aioworker.api.errors import from_output
+from aioworker.api.errors import ApiError, from_output
 from aioworker.api.gateway import Gateway
 from aioworker.api.prompts import Prompt
 from aioworker.api.shapes import ChatShape, CompletionShape
@@ -37,10 +37,13 @@ class Run:
         shape: CompletionShape | ChatShape,
         prompts: list[Prompt],
         params: SamplingParams,
+        arrived: float | None = None,
     ) -> None:
+        """`arrived`: time.perf_counter() when the HTTP request came (default: now)."""
         self.gateway = gateway
         self.shape = shape
         self.started = time.perf_counter()
+        self.clock = gateway.metrics.engine.clock(arrived or self.started)
         self.id = shape.id_prefix + gateway.next_id()
         self.created = int(time.time())
         self.prompts, self.params, self.n = prompts, params, params.n
@@ -52,16 +55,24 @@ class Run:
         ]
         self.num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
         self.streams: list[RequestStream] = []  # one request (of n samples) per prompt
+        # How the workers ended the request when they failed it (error or abort).
+        self.failure: str | None = None
 
     async def submit(self) -> None:
         client, timeout_s = self.gateway.client, self.gateway.timeout_s
-        for index, prompt in enumerate(self.prompts):
-            request_id = f"{self.id}-{index}"
-            stream = await client.submit(
-                prompt.token_ids, self.params, request_id, timeout_s=timeout_s
-            )
-            self.streams.append(stream)
-        self.gateway.metrics.prompt_tokens.inc(self.num_prompt_tokens)
+        try:
+            for index, prompt in enumerate(self.prompts):
+                request_id = f"{self.id}-{index}"
+                stream = await client.submit(
+                    prompt.token_ids, self.params, request_id, timeout_s=timeout_s
+                )
+                self.streams.append(stream)
+        except BaseException:
+            self.close()  # the prompts sent already would run for nobody
+            raise
+        metrics = self.gateway.metrics
+        metrics.prompt_tokens.inc(self.num_prompt_tokens)
+        metrics.engine.prompt_tokens.inc(self.num_prompt_tokens)
 
     def close(self) -> None:
         """Abort the choices still running (nobody will read them) and count what was made."""
@@ -69,7 +80,12 @@ class Run:
             choices = self.choices[index * self.n : (index + 1) * self.n]
             if any(choice.finish_reason is None for choice in choices):
                 self.gateway.client.abort_nowait(stream.request_id)
-        self.gateway.metrics.generation_tokens.inc(sum(c.num_tokens for c in self.choices))
+        generated = sum(c.num_tokens for c in self.choices)
+        self.gateway.metrics.generation_tokens.inc(generated)
+        # A choice that did not finish was failed by the workers, or left by its client.
+        unfinished = self.failure or FinishReason.ABORT
+        reasons = [c.finish_reason or unfinished for c in self.choices]
+        self.clock.on_end(reasons, generated)
 
     # -- whole answers ------------------------------------------------------------------------
 
@@ -79,8 +95,8 @@ class Run:
             async for batch in self._outputs():
                 for choice, out in batch:
                     if is_failure(out):
-                        raise from_output(out, self.gateway.options.retry_after_s)
-                    choice.add(out)
+                        raise self._failed(out)
+                    self._add(choice, out)
         finally:
             self.close()
         return {
@@ -91,9 +107,12 @@ class Run:
 
     # -- streams ------------------------------------------------------------------------------
 
-    async def events(self, include_usage: bool) -> AsyncGenerator[bytes, None]:
+    async def events(
+        self, include_usage: bool, continuous_usage: bool = False
+    ) -> AsyncGenerator[bytes, None]:
         """Server-sent events. A failure before the first event raises ApiError (the answer is
-        then an HTTP error); after it, it is sent as an error event."""
+        then an HTTP error); after it, it is sent as an error event. `continuous_usage`: every
+        chunk carries the usage so far."""
         header = self._header(self.shape.chunk_object_name)
         opened: set[int] = set()
         try:
@@ -101,12 +120,12 @@ class Run:
                 events = b""
                 for choice, out in batch:
                     if is_failure(out):
-                        error = from_output(out, self.gateway.options.retry_after_s)
+                        error = self._failed(out)
                         if not opened:
                             raise error
                         yield events + b"data: " + error.body() + b"\n\n" + DONE
                         return
-                    events += self._chunk(header, choice, out, opened)
+                    events += self._chunk(header, choice, out, opened, continuous_usage)
                 if events:
                     yield events
             if include_usage:
@@ -116,10 +135,16 @@ class Run:
             self.close()
 
     def _chunk(
-        self, header: dict[str, Any], choice: Choice, out: RequestOutput, opened: set[int]
+        self,
+        header: dict[str, Any],
+        choice: Choice,
+        out: RequestOutput,
+        opened: set[int],
+        with_usage: bool,
     ) -> bytes:
-        delta = choice.add(out)
+        delta = self._add(choice, out)
         is_first = choice.index not in opened
+        usage = {"usage": self._usage()} if with_usage else {}
         chunks = b""
         if is_first:
             if not opened:
@@ -127,13 +152,21 @@ class Run:
             opened.add(choice.index)
             opening = self.shape.opening(choice)
             if opening is not None:
-                chunks = event({**header, "choices": [opening]})
+                chunks = event({**header, "choices": [opening], **usage})
         if delta or out.finished or out.logprobs or (is_first and self.shape.chunk_on_first):
             body = self.shape.chunk_choice(choice, delta, out, is_first)
-            chunks += event({**header, "choices": [body]})
+            chunks += event({**header, "choices": [body], **usage})
         return chunks
 
     # -- shared -------------------------------------------------------------------------------
+
+    def _add(self, choice: Choice, out: RequestOutput) -> str:
+        self.clock.on_output(choice.index, len(out.token_ids))
+        return choice.add(out)
+
+    def _failed(self, out: RequestOutput) -> ApiError:
+        self.failure = out.finish_reason
+        return from_output(out, self.gateway.options.retry_after_s)
 
     async def _outputs(self) -> AsyncIterator[list[tuple[Choice, RequestOutput]]]:
         """Every choice's outputs as they come, until each has ended: each batch holds what had

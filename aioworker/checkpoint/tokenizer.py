@@ -41,6 +41,19 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_unlocked(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """encode(), with the GIL released while the Rust tokenizer works (its single-text encode
+        keeps it): for a thread that tokenizes while an event loop must go on answering."""
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+        return batch[0].ids
+
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry, added tokens included, as the vocabulary
+        spells it (byte-level entries one character per byte): no token stands for more
+        characters of text than this, so a text longer than n times this has more than n tokens."""
+        return max(map(len, self._tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 

@@ -8,8 +8,8 @@ import json
 import sys
 
 from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.output_text import OutputText
 from aioworker.core.outputs import Completion, RequestOutput, TokenLogprobs
-from aioworker.core.text_stream import TextStream
 
 
 class ResultPrinter:
@@ -25,7 +25,7 @@ class ResultPrinter:
         self.as_json = as_json
         self.completions = [Completion(str(index)) for index in range(len(prompts))]
         # Text as the workers cut it: without a stop string, or anything after it.
-        self.texts = [TextStream(tokenizer, stop) if tokenizer else None for _ in prompts]
+        self.texts = [OutputText(tokenizer, stop) if tokenizer else None for _ in prompts]
         self.stream_live = not as_json and len(prompts) == 1 and tokenizer is not None
 
     def add(self, index: int, out: RequestOutput) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from aioworker.cli.api import add_api_arguments
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.cli.launcher import ChildCommand, Launcher
 from aioworker.config import ConfigError, WorkerConfig
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run the OpenAI-compatible HTTP server (`aioworker api`) on this port, under "
         "the same supervision (0: any free port, printed; its address: api.host)",
     )
+    add_api_arguments(parser.add_argument_group("HTTP server (with --api-port)"))
     parser.add_argument(
         "--stop-timeout",
         type=float,
@@ -107,7 +109,14 @@ def parse_worker_config(config_argv: list[str]) -> WorkerConfig:
 
 def api_argv(args: argparse.Namespace, config_argv: list[str]) -> list[str]:
     command = [sys.executable, "-m", "aioworker.cli.main", "--log-level", args.log_level]
-    return [*command, "api", f"--port={args.api_port}", *config_argv]
+    command += ["api", f"--port={args.api_port}", *config_argv]
+    if args.served_model_name:
+        command += ["--served-model-name", *args.served_model_name]
+    if args.api_key:  # given on our command line, so in `ps` already; the environment is not
+        command.append(f"--api-key={args.api_key}")
+    if args.chat_template:
+        command.append(f"--chat-template={os.path.abspath(args.chat_template)}")
+    return command
 
 
 def worker_argv(args: argparse.Namespace, rank: int, config_argv: list[str]) -> list[str]:

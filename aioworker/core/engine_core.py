@@ -27,7 +27,7 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.core.scheduler import Scheduler
 from aioworker.core.sequence import Sequence
-from aioworker.core.text_stops import TextStops
+from aioworker.core.stop_string_ends import StopStringEnds
 
 # Steps launched ahead: one running, one queued behind it on the device.
 MAX_IN_FLIGHT = 2
@@ -54,7 +54,7 @@ class EngineCore:
         self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         self.eos_token_ids = loaded.eos_token_ids
         self.max_waiting = options.max_waiting
-        self.text_stops = TextStops(loaded.tokenizer)
+        self.stop_ends = StopStringEnds(loaded.tokenizer)
         blocks = BlockManager(
             num_blocks or loaded.num_blocks, loaded.block_size, enable_prefix_caching
         )
@@ -75,7 +75,7 @@ class EngineCore:
         if request_id in self.scheduler.seqs_by_request:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         self.validator.check(prompt_token_ids, params)
-        self.text_stops.check(params.stop)
+        self.stop_ends.check(params.stop)
         if len(self.scheduler.waiting) >= self.max_waiting:
             raise QueueFull(
                 f"{len(self.scheduler.waiting)} requests are waiting already "
@@ -84,7 +84,7 @@ class EngineCore:
         samples = [self._sample(request_id, prompt_token_ids, params, i) for i in range(params.n)]
         self.scheduler.add(samples[0], samples[1:])
         for index in range(params.n):
-            self.text_stops.add(request_id, index, params.stop)
+            self.stop_ends.add(request_id, index, params.stop)
 
     def _sample(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, index: int
@@ -101,7 +101,7 @@ class EngineCore:
     def abort(self, request_id: str) -> bool:
         """End a request now and free its KV blocks; False if it is unknown or already ended.
         Tokens of steps still in flight for it are dropped when they arrive."""
-        self.text_stops.discard(request_id)
+        self.stop_ends.discard(request_id)
         samples = list(self.scheduler.seqs_by_request.get(request_id, ()))
         for seq in samples:
             self.scheduler.abort(seq.seq_id)
@@ -167,8 +167,8 @@ class EngineCore:
         step = self.in_flight.popleft()
         self.last_step_id = step.plan.step_id
         outputs = self.scheduler.update(step.plan, result, self.weights_version)
-        if self.text_stops:
-            outputs = self.text_stops.apply(outputs, self.scheduler.stop_request)
+        if self.stop_ends:
+            outputs = self.stop_ends.apply(outputs, self.scheduler.stop_request)
         return outputs
 
     def step(self) -> list[RequestOutput]:

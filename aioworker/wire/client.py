@@ -31,6 +31,7 @@ from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
+    Heartbeat,
     Outputs,
     ProtocolError,
     SubmitRequest,
@@ -328,6 +329,12 @@ class Client:
         if not self._started:
             return []
         return [self._watch.status(group) for group in range(len(self.task_endpoints))]
+
+    def latest_heartbeats(self) -> list[Heartbeat | None]:
+        """Each group's latest driver heartbeat (None before its first, or before start())."""
+        if not self._started:
+            return [None] * len(self.task_endpoints)
+        return list(self._watch.beats)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import MISSING, STALE, STALE_AFTER_INTERVALS, RankState
-from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
+from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
 from aioworker.wire.security import ClientSecurity
 from aioworker.wire.transport import make_socket
 
@@ -52,6 +52,8 @@ class GroupWatch:
         self.is_lost = [False] * len(heartbeat_endpoints)
         # Each group's state as its driver last published it; MISSING before its first beat.
         self.states: list[str] = [MISSING] * len(heartbeat_endpoints)
+        # Each group's latest driver heartbeat (None before the first): what metrics read.
+        self.beats: list[Heartbeat | None] = [None] * len(heartbeat_endpoints)
         self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
@@ -81,6 +83,7 @@ class GroupWatch:
                 continue
             self.intervals[group] = beat.interval_s
             self.states[group] = beat.state
+            self.beats[group] = beat
             if beat.state == RankState.FAILED:
                 self._lose(group, f"group {group} failed: {beat.detail}")
                 continue

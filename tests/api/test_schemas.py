@@ -1,4 +1,5 @@
-"""Request bodies: a field we do not implement is refused by name, OpenAI's neutral values pass."""
+"""Request bodies: a field we do not implement is refused by name, OpenAI's neutral values pass,
+and a number too big for the wire or a body nested too deeply is a 400, not a 500."""
 
 from __future__ import annotations
 
@@ -24,14 +25,9 @@ def refusal(decode, body: dict) -> ApiError:
     ("body", "param"),
     [
         ({**COMPLETION, "foo": 1}, "foo"),
-        (
-            {**COMPLETION, "stream_options": {"continuous_usage_stats": True}},
-            "stream_options.continuous_usage_stats",
-        ),
+        ({**COMPLETION, "stream_options": {"chunk_size": 3}}, "stream_options.chunk_size"),
         ({**COMPLETION, "max_tokens": "ten"}, "max_tokens"),
         ({"prompt": "hi"}, "model"),
-        ({**COMPLETION, "presence_penalty": 0.5}, "presence_penalty"),
-        ({**COMPLETION, "logit_bias": {"5": 1.0}}, "logit_bias"),
         ({**COMPLETION, "best_of": 3}, "best_of"),
         ({**COMPLETION, "suffix": "end"}, "suffix"),
     ],
@@ -59,10 +55,48 @@ def test_chat_fields_we_do_not_serve_are_refused_by_name(body: dict, param: str)
 
 
 def test_neutral_values_of_unimplemented_fields_are_accepted() -> None:
-    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "u1"}
-    assert decode_completion(json.dumps({**COMPLETION, **neutral, "best_of": 1}).encode())
-    chat = decode_chat(json.dumps({**CHAT, **neutral, "tool_choice": "none"}).encode())
+    assert decode_completion(json.dumps({**COMPLETION, "user": "u1", "best_of": 1}).encode())
+    chat = decode_chat(json.dumps({**CHAT, "tool_choice": "none"}).encode())
     assert chat.messages[0].text == "hi"
+
+
+def test_the_sampling_controls_vllm_bench_sends_are_accepted() -> None:
+    controls = {
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "min_p": 0.1,
+        "logit_bias": {"5": 1.0},
+        "allowed_token_ids": [1, 2],
+        "bad_words": ["x"],
+        "seed": -1,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    body = decode_completion(json.dumps({**COMPLETION, **controls}).encode())
+    assert body.repetition_penalty == 1.0 and body.stream_options.continuous_usage_stats
+    assert decode_chat(json.dumps({**CHAT, **controls}).encode()).bad_words == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 2**64),
+        ("n", 2**64),
+        ("seed", 2**70),
+        ("stop_token_ids", [1, 2**64]),
+        ("allowed_token_ids", [2**64]),
+    ],
+)
+def test_an_integer_too_big_for_the_wire_is_a_400_naming_its_field(field, value) -> None:
+    error = refusal(decode_completion, {**COMPLETION, field: value})
+    assert error.param.split("[")[0] == field and field in error.message
+
+
+def test_a_body_nested_100000_deep_is_a_400_naming_the_body() -> None:
+    deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ApiError) as caught:
+        decode_completion(deep)
+    assert caught.value.status == 400 and "the request body nests" in caught.value.message
 
 
 def test_text_parts_are_joined_and_stop_may_be_one_string() -> None:

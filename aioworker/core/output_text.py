@@ -1,4 +1,5 @@
-"""One request's output text as its tokens arrive: detokenized, held back only while a stop
+"""One sample's output text as its token ids arrive (token ids in, text out): the incremental
+detokenizer followed by the stop-string matcher, so the text is held back only while a stop
 string could still be completing, and cut where one completes.
 
 The worker (to end a request the step its stop string appears), the offline engine and the API
@@ -9,10 +10,10 @@ agree on where it stopped.
 from __future__ import annotations
 
 from aioworker.core.detokenizer import Decodes, IncrementalDetokenizer
-from aioworker.core.stop_strings import StopStringMatcher
+from aioworker.core.stop_string_matcher import StopStringMatcher
 
 
-class TextStream:
+class OutputText:
     def __init__(self, tokenizer: Decodes, stop: tuple[str, ...] | list[str] = ()) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.matcher = StopStringMatcher(stop)

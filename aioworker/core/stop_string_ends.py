@@ -1,22 +1,22 @@
-"""Stop strings in the engine core: requests that gave some are detokenized as their tokens
-arrive, and end with "stop" in the step whose token completes one, so no further step is spent
-on them."""
+"""Where the engine core ends requests at their stop strings: an OutputText per sample of each
+request that gave some, fed the outputs of every step, so a sample ends with "stop" in the step
+whose token completes one and no further step is spent on it."""
 
 from __future__ import annotations
 
 import msgspec
 
 from aioworker.core.detokenizer import Decodes
+from aioworker.core.output_text import OutputText
 from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import InvalidRequestError
-from aioworker.core.text_stream import TextStream
 
 
-class TextStops:
+class StopStringEnds:
     def __init__(self, tokenizer: Decodes | None) -> None:
         self.tokenizer = tokenizer
         # By request id and sample index.
-        self._streams: dict[tuple[str, int], TextStream] = {}
+        self._streams: dict[tuple[str, int], OutputText] = {}
 
     def __bool__(self) -> bool:
         return bool(self._streams)
@@ -30,7 +30,7 @@ class TextStops:
 
     def add(self, request_id: str, sample_index: int, stop: tuple[str, ...]) -> None:
         if stop:
-            self._streams[(request_id, sample_index)] = TextStream(self.tokenizer, stop)
+            self._streams[(request_id, sample_index)] = OutputText(self.tokenizer, stop)
 
     def discard(self, request_id: str) -> None:
         """Every sample of the request."""

@@ -1,5 +1,5 @@
-"""Stop strings over streamed text: find one across token boundaries, and hold back only the text
-that could still be the start of one.
+"""Stop strings in a stream of text (text in, text out; no tokens): find one across delta
+boundaries, and hold back only the text that could still be the start of one.
 
 The worker and the API server run the same matcher over the same detokenized tokens, so they
 agree on where a request stopped: the worker to end it without spending more steps, the server

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioworker.core.stop_strings import StopStringMatcher
+from aioworker.core.stop_string_matcher import StopStringMatcher
 
 
 def run(stop: list[str], deltas: list[str]) -> tuple[str, str | None]:
