@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.wire.admin_commands import LOG_LEVELS, LONG_COMMANDS
 from aioworker.wire.drops import DropCounter
@@ -40,13 +41,16 @@ class AdminHandler:
         self.rejected = rejected
         self.drain_timeout_s = drain_timeout_s
         self.control: GroupControl | None = None
+        self.requests: OpenRequests | None = None
         self.weights: WeightsCoordinator | None = None
         # Long commands still running, by their reply route: answered at shutdown if need be.
         self._pending: dict[int, tuple[list[bytes], AdminRequest]] = {}
 
-    def serve_group(self, control: GroupControl, weights: WeightsCoordinator) -> None:
+    def serve_group(
+        self, control: GroupControl, requests: OpenRequests, weights: WeightsCoordinator
+    ) -> None:
         """The group is loaded: every command is answered from now on."""
-        self.control, self.weights = control, weights
+        self.control, self.requests, self.weights = control, requests, weights
 
     async def loop(self) -> None:
         while True:
@@ -154,7 +158,7 @@ class AdminHandler:
                 message=f"drain deadline {argument!r} is not a number of seconds from 0 to "
                 f"{MAX_DRAIN_DEADLINE_S:g}",
             )
-        in_flight = len(self.control.requests)
+        in_flight = len(self.requests)
         outcome = self.control.start_drain(deadline)
         return AdminReply(
             ok=True,
@@ -162,7 +166,7 @@ class AdminHandler:
         )
 
     def abort(self, request_id: str) -> AdminReply:
-        if self.control.abort(request_id, "aborted by an operator"):
+        if self.requests.abort(request_id, "aborted by an operator"):
             return AdminReply(ok=True, message=f"aborted {request_id}")
         return AdminReply(ok=False, message=f"no request {request_id!r} in flight")
 
@@ -173,7 +177,7 @@ class AdminHandler:
         )
 
     def shutdown(self, _: str) -> AdminReply:
-        count = self.control.abort_all("worker shutting down")
+        count = self.requests.abort_all("worker shutting down")
         self.control.stop()
         return AdminReply(ok=True, message=f"shutting down; aborted {count} request(s)")
 

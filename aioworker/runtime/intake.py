@@ -15,6 +15,7 @@ from aioworker.core.admission import QueueFull
 from aioworker.core.outputs import ErrorKind, FinishReason
 from aioworker.core.sampling_params import InvalidRequestError
 from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.recorder import Recorder
 from aioworker.runtime.reply_policy import ReplyNotAllowed, ReplyPolicy
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
@@ -49,6 +50,7 @@ class RequestIntake:
         self,
         tasks: zmq.asyncio.Socket,
         control: GroupControl,
+        requests: OpenRequests,
         results: ResultSender,
         rejected: DropCounter,
         options: RuntimeOptions,
@@ -57,7 +59,7 @@ class RequestIntake:
     ) -> None:
         self.tasks = tasks
         self.control = control
-        self.requests = control.requests
+        self.requests = requests
         self.results = results
         self.rejected = rejected
         self.while_released = options.while_released
@@ -115,7 +117,7 @@ class RequestIntake:
         if owner is not None and owner[1] != client_key:
             self.rejected.count(f"tasks channel: abort of {request_id!r} from another client")
             return
-        self.control.abort(request_id, "aborted by the client")
+        self.requests.abort(request_id, "aborted by the client")
 
     def on_submit(self, message: SubmitRequest, client_key: str | None = None) -> None:
         client = (message.reply_to, client_key)
@@ -145,7 +147,7 @@ class RequestIntake:
             self.requests.send_terminal(client, message.request_id, FinishReason.ERROR, error, kind)
             return
         if message.timeout_s is not None:
-            self.control.set_timeout(message.request_id, message.timeout_s)
+            self.requests.set_timeout(message.request_id, message.timeout_s)
         self.control.wake()
 
     def refusal(self, message: SubmitRequest) -> tuple[ErrorKind, str] | None:
