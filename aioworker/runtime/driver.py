@@ -146,8 +146,11 @@ class Driver:
 
     def serving_info(self) -> ServingInfo:
         if self.core is None:
-            total = self.loaded.num_blocks if self.loaded is not None else 0
-            return ServingInfo(kv_blocks_total=total)
+            if self.loaded is None:
+                return ServingInfo()
+            return ServingInfo(
+                kv_blocks_total=self.loaded.num_blocks, max_model_len=self.loaded.max_model_len
+            )
         scheduler = self.core.scheduler
         blocks = scheduler.block_manager
         return ServingInfo(
@@ -159,6 +162,7 @@ class Driver:
             blocks.num_cached_blocks,
             blocks.num_hit_tokens,
             blocks.num_queried_tokens,
+            self.loaded.max_model_len,
         )
 
     def _on_client_gone(self, client) -> None:

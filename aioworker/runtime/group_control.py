@@ -24,7 +24,9 @@ class Drainable(Protocol):
 
 
 class GroupControl:
-    def __init__(self, lifecycle: RankLifecycle, core: EngineCore, open_requests: Drainable) -> None:
+    def __init__(
+        self, lifecycle: RankLifecycle, core: EngineCore, open_requests: Drainable
+    ) -> None:
         self.lifecycle = lifecycle
         self.core = core
         self._open = open_requests

@@ -29,6 +29,8 @@ class ServingInfo(NamedTuple):
     kv_blocks_cached: int = 0
     prefix_hit_tokens: int = 0
     prefix_queried_tokens: int = 0
+    # Once loaded (driver): the longest prompt plus output a request may have.
+    max_model_len: int = 0
 
 
 class HeartbeatSource:
@@ -72,6 +74,7 @@ class HeartbeatSource:
             kv_blocks_cached=info.kv_blocks_cached,
             prefix_hit_tokens=info.prefix_hit_tokens,
             prefix_queried_tokens=info.prefix_queried_tokens,
+            max_model_len=info.max_model_len,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

@@ -114,10 +114,13 @@ class Client:
         heartbeat_endpoints: list[str] | None = None,
         first_beat_timeout_s: float = 5.0,
         heartbeat_interval_s: float = 1.0,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         """`heartbeat_endpoints`: each group's driver heartbeat (by default derived from its
         task endpoint); a group silent for 3 intervals, or with no beat within
-        `first_beat_timeout_s`, has its open requests ended with an error."""
+        `first_beat_timeout_s`, has its open requests ended with an error.
+        `max_message_bytes`: the groups' runtime.max_message_bytes; a larger request is
+        refused here (a group would cut the connection off unread)."""
         if not task_endpoints:
             raise ValueError("a client needs at least one group's task endpoint")
         self.task_endpoints = task_endpoints
@@ -128,6 +131,7 @@ class Client:
         ]
         self.first_beat_timeout_s = first_beat_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_message_bytes = max_message_bytes
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._open: dict[str, OpenSamples] = {}
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
@@ -151,6 +155,7 @@ class Client:
             [g.heartbeats[0] for g in groups],
             max(2.0, STALE_AFTER_INTERVALS * config.runtime.heartbeat_interval_s),
             config.runtime.heartbeat_interval_s,
+            config.runtime.max_message_bytes,
         )
 
     async def start(self) -> None:
@@ -226,7 +231,8 @@ class Client:
     ) -> RequestStream:
         """Send a request; the stream yields its outputs and ends after the terminal one. With
         `timeout_s` the group aborts it past that deadline (and this client ends it, should the
-        group not answer)."""
+        group not answer). A request no group could take (a prompt longer than max_model_len,
+        a lost group) ends at once with an error instead of being sent."""
         await self.start()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -239,25 +245,47 @@ class Client:
         self._in_flight[group] += 1
         message = SubmitRequest(
             request_id=request_id,
+            reply_to=self.reply_endpoint,
             prompt_token_ids=list(prompt_token_ids),
             params=params,
-            reply_to=self.reply_endpoint,
             timeout_s=timeout_s,
         )
         stream = RequestStream(request_id, group, queue, params.n)
-        if self._watch.is_lost[group]:
-            self._end(
-                request_id,
-                f"group {group} is lost: no heartbeat; request not sent",
-                ErrorKind.UNAVAILABLE,
+        frames = encode(message)
+        refusal = self._refusal(group, len(message.prompt_token_ids), len(frames[1]))
+        if refusal is not None:
+            reason, kind = refusal
+            self._deliver(
+                RequestOutput(request_id, [], FinishReason.ERROR, reason, error_kind=kind)
             )
             return stream
         if timeout_s is not None:
             self._deadlines[request_id] = asyncio.get_running_loop().call_later(
                 timeout_s + DEADLINE_GRACE_S, self._expire, request_id, timeout_s
             )
-        await self._pushes[group].send_multipart(encode(message))
+        await self._pushes[group].send_multipart(frames)
         return stream
+
+    def _refusal(
+        self, group: int, num_prompt_tokens: int, num_bytes: int
+    ) -> tuple[str, ErrorKind] | None:
+        """Why the request cannot be sent to `group` at all, or None. The prompt's length is
+        checked against the max_model_len the group's driver beats (unknown before its first
+        beat: the group then refuses a long prompt itself)."""
+        max_model_len = self._watch.max_model_lens[group]
+        if max_model_len and num_prompt_tokens > max_model_len:
+            reason = f"prompt has {num_prompt_tokens} tokens; max_model_len is {max_model_len}"
+            return reason, ErrorKind.INVALID
+        if num_bytes > self.max_message_bytes:
+            return (
+                f"request of {num_bytes} bytes exceeds runtime.max_message_bytes "
+                f"({self.max_message_bytes}); shorten the prompt or the sampling parameters",
+                ErrorKind.INVALID,
+            )
+        if self._watch.is_lost[group]:
+            reason = f"group {group} is lost: no heartbeat; request not sent"
+            return reason, ErrorKind.UNAVAILABLE
+        return None
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None

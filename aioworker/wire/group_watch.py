@@ -52,6 +52,8 @@ class GroupWatch:
         self.is_lost = [False] * len(heartbeat_endpoints)
         # Each group's state as its driver last published it; MISSING before its first beat.
         self.states: list[str] = [MISSING] * len(heartbeat_endpoints)
+        # Each group's max_model_len from its driver's beats; 0 until one says it.
+        self.max_model_lens = [0] * len(heartbeat_endpoints)
         self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
@@ -81,6 +83,7 @@ class GroupWatch:
                 continue
             self.intervals[group] = beat.interval_s
             self.states[group] = beat.state
+            self.max_model_lens[group] = beat.max_model_len or self.max_model_lens[group]
             if beat.state == RankState.FAILED:
                 self._lose(group, f"group {group} failed: {beat.detail}")
                 continue
