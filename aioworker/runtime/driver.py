@@ -82,7 +82,12 @@ class Driver:
         self.results.recorder = self.recorder
         self.peers = PeerGroup(rank, self.rejected)
         self.admin = AdminHandler(
-            admin_socket, self.status, rank.spawn, self.rejected, runtime.drain_timeout_s
+            admin_socket,
+            self.status,
+            rank.spawn,
+            self.rejected,
+            runtime.drain_timeout_s,
+            rank.beat_published,
         )
         rank.spawn(self.admin.loop())  # status answers while loading
 

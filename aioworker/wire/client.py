@@ -27,7 +27,13 @@ from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestO
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
-from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.health import (
+    FINAL_STATES,
+    MISSING,
+    STALE_AFTER_INTERVALS,
+    RankState,
+    takes_requests,
+)
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
@@ -115,12 +121,14 @@ class Client:
         first_beat_timeout_s: float = 5.0,
         heartbeat_interval_s: float = 1.0,
         max_message_bytes: int = 64 << 20,
+        while_released: str = "queue",
     ) -> None:
         """`heartbeat_endpoints`: each group's driver heartbeat (by default derived from its
         task endpoint); a group silent for 3 intervals, or with no beat within
         `first_beat_timeout_s`, has its open requests ended with an error.
         `max_message_bytes`: the groups' runtime.max_message_bytes; a larger request is
-        refused here (a group would cut the connection off unread)."""
+        refused here (a group would cut the connection off unread). `while_released`: theirs
+        too (whether a group that released its memory queues requests)."""
         if not task_endpoints:
             raise ValueError("a client needs at least one group's task endpoint")
         self.task_endpoints = task_endpoints
@@ -132,6 +140,7 @@ class Client:
         self.first_beat_timeout_s = first_beat_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_message_bytes = max_message_bytes
+        self.while_released = while_released
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._open: dict[str, OpenSamples] = {}
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
@@ -156,6 +165,7 @@ class Client:
             max(2.0, STALE_AFTER_INTERVALS * config.runtime.heartbeat_interval_s),
             config.runtime.heartbeat_interval_s,
             config.runtime.max_message_bytes,
+            config.runtime.while_released,
         )
 
     async def start(self) -> None:
@@ -351,24 +361,35 @@ class Client:
         return len(self._queues)
 
     def group_states(self) -> list[str]:
-        """Each group's state from its driver's heartbeats: a RankState, MISSING before its
-        first beat, or STALE once it has gone silent. Empty before start()."""
+        """Each group's state from its driver's heartbeats, read up to the last beat that has
+        arrived: a RankState, MISSING before its first beat, or STALE once it has gone silent.
+        Empty before start()."""
         if not self._started:
             return []
+        self._watch.refresh()
         return [self._watch.status(group) for group in range(len(self.task_endpoints))]
+
+    def takes_requests(self, state: str) -> bool:
+        """Whether a group in `state` (from group_states) takes a new request: runs it (READY)
+        or holds it until it can (paused, updating its weights, memory released and queuing)."""
+        return takes_requests(state, self.while_released)
 
     # -- internals ----------------------------------------------------------------------------
 
     def _pick_group(self) -> int:
-        """The READY group with the fewest of our requests in flight (ties in turn); with none
-        READY, any group, whose refusal then says why."""
-        watch = self._watch
-        candidates = [
+        """The group with the fewest of our requests in flight (ties in turn) among the first
+        of: READY groups; groups that queue requests (paused, updating weights); groups that
+        beat, whatever their state (their refusal says why, and their state may be newer than
+        the last beat); every group (a lost one ends the request at once)."""
+        states, lost = self.group_states(), self._watch.is_lost
+        alive = [
             g
-            for g, state in enumerate(watch.states)
-            if state == RankState.READY and not watch.is_lost[g]
+            for g, state in enumerate(states)
+            if not lost[g] and state != MISSING and state not in FINAL_STATES
         ]
-        candidates = candidates or range(len(self.task_endpoints))
+        ready = [g for g in alive if states[g] == RankState.READY]
+        queuing = [g for g in alive if self.takes_requests(states[g])]
+        candidates = ready or queuing or alive or range(len(self.task_endpoints))
         fewest = min(self._in_flight[g] for g in candidates)
         while True:
             group = next(self._round_robin)
