@@ -132,6 +132,10 @@ def wait_until(predicate, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def health_states(url: str) -> list[str]:
+    return [group["state"] for group in json.loads(request(url, "GET", "/health")[2])["groups"]]
+
+
 def tokens_generated(config, group: int) -> int:
     reply = admin(config, "status", group=group, timeout=1.0)
     return reply.data.get("num_tokens_generated", 0) if reply is not None else 0
@@ -193,8 +197,10 @@ def test_a_killed_rank_restarts_its_group_while_the_other_serves(serve) -> None:
         load.wait_for(50)
         os.kill(pids[1], signal.SIGKILL)
         restarted = launcher.wait_for(rf"started rank 1 \(group 1\) pid (?!{pids[1]}\b)(\d+)")
-        # Group 1 serves again: requests reach it (its new driver's counters start at 0).
-        wait_until(lambda: tokens_generated(config, group=1) > 0, timeout=30)
+        # Group 1 serves again: the gateway sees it READY and sends it requests.
+        wait_until(lambda: health_states(url) == ["READY", "READY"], timeout=30)
+        generated = tokens_generated(config, group=1)
+        wait_until(lambda: tokens_generated(config, group=1) > generated, timeout=30)
         served = load.wait_for(len(load.answers) + 50)
     statuses = [status for status, _ in served]
     errors = [message for status, message in served if status != 200]
