@@ -79,7 +79,7 @@ def test_health_shows_what_admin_status_shows_when_it_returns(live) -> None:
 def test_a_request_while_paused_runs_after_resume(live) -> None:
     url, config = live
     assert admin(config, "pause").ok
-    answer = in_thread(request, url, "POST", "/v1/completions", BODY)
+    answer = InThread(request, url, "POST", "/v1/completions", BODY)
     time.sleep(0.5)
     resumed_at = time.monotonic()
     assert admin(config, "resume").ok
@@ -89,7 +89,7 @@ def test_a_request_while_paused_runs_after_resume(live) -> None:
 
 def test_a_request_during_a_weights_update_waits_for_it(live) -> None:
     url, config = live
-    update = in_thread(admin, config, "update-weights", "/weights", timeout=30)
+    update = InThread(admin, config, "update-weights", "/weights", timeout=30)
     while admin(config, "status").data["state"] != "UPDATING_WEIGHTS":
         time.sleep(0.02)
     assert health(url) == (
@@ -104,12 +104,12 @@ def test_a_request_during_a_weights_update_waits_for_it(live) -> None:
     # Queued behind the update (at least its commit phase), then answered.
     assert status == 200 and waited >= PHASE_MS / 1000, (status, waited, body)
     # The moment the update returns, HTTP says READY (not UPDATING_WEIGHTS for a beat more).
-    update = in_thread(admin, config, "update-weights", "/weights", timeout=30)
+    update = InThread(admin, config, "update-weights", "/weights", timeout=30)
     assert update.result(timeout=30).ok
     assert health(url)[1]["groups"] == [{"group": 0, "state": "READY"}]
 
 
-class in_thread:  # noqa: N801 - used like a function
+class InThread:
     """Call `fn(*args, **kwargs)` on a thread; `result()` waits for it, `done_at` says when it
     returned (time.monotonic())."""
 
