@@ -112,6 +112,23 @@ class RuntimeOptions(_Section):
     while_released: Literal["queue", "reject"] = "queue"
 
 
+class LauncherOptions(_Section):
+    """How `aioworker serve` supervises its children. A data-parallel group whose rank crashes
+    (exits non-zero or is killed) is restarted, all its ranks together, while the other groups
+    serve on; so is a crashed API server. A clean exit (`admin shutdown`, `admin drain`) is not
+    restarted."""
+
+    # The first restart waits this long; each further one within the window twice as long, up to
+    # max_restart_backoff_s.
+    restart_backoff_s: float = 1.0
+    max_restart_backoff_s: float = 30.0
+    # A group (or the API server) that crashes again after this many restarts within
+    # restart_window_s is crash-looping: the launcher stops everything and exits non-zero.
+    # 0: no restarts (one crash stops the deployment).
+    max_restarts: int = 5
+    restart_window_s: float = 300.0
+
+
 class SecurityOptions(_Section):
     """CURVE encryption and authentication for tcp endpoints (keys as written by
     `aioworker keys`, the z85 text format of zmq.auth). Empty = no CURVE."""
@@ -205,6 +222,7 @@ class WorkerConfig(_Section):
     device: DeviceOptions = DeviceOptions()
     parallel: ParallelOptions = ParallelOptions()
     runtime: RuntimeOptions = RuntimeOptions()
+    launcher: LauncherOptions = LauncherOptions()
     security: SecurityOptions = SecurityOptions()
     api: ApiOptions = ApiOptions()
 
@@ -234,7 +252,25 @@ class WorkerConfig(_Section):
                 "it must be in (0, 1]"
             )
 
+        self._check_launcher()
         self._check_api()
+
+    def _check_launcher(self) -> None:
+        launcher = self.launcher
+        if not 0 <= launcher.restart_backoff_s <= launcher.max_restart_backoff_s < math.inf:
+            raise ConfigError(
+                f"launcher.restart_backoff_s is {launcher.restart_backoff_s} and "
+                f"launcher.max_restart_backoff_s {launcher.max_restart_backoff_s}; give "
+                "0 <= restart_backoff_s <= max_restart_backoff_s seconds"
+            )
+        if launcher.max_restarts < 0:
+            raise ConfigError(
+                f"launcher.max_restarts is {launcher.max_restarts}; give 0 (no restarts) or more"
+            )
+        if not 0 < launcher.restart_window_s < math.inf:
+            raise ConfigError(
+                f"launcher.restart_window_s is {launcher.restart_window_s}; give seconds > 0"
+            )
 
     def _check_api(self) -> None:
         if not 0 <= self.api.port < 65536:

@@ -87,8 +87,10 @@ def add_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while some group takes requests (READY, or queuing them), else 503; each group's
+        state as its latest heartbeat says, the same `admin status` reports."""
         states = gateway.group_states()
-        ready = gateway.is_ready()
+        ready = gateway.is_ready(states)
         groups = [{"group": g, "state": state} for g, state in enumerate(states)]
         return json_response({"ready": ready, "groups": groups}, 200 if ready else 503)
 

@@ -18,7 +18,6 @@ from aioworker.checkpoint.source import resolve_model_path
 from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.config import ApiOptions, ConfigError, WorkerConfig
 from aioworker.wire.client import Client
-from aioworker.wire.health import RankState
 
 
 @dataclass(frozen=True)
@@ -85,18 +84,24 @@ class Gateway:
         self.tokens.close()
 
     def group_states(self) -> list[str]:
+        """Each group's state, up to the last heartbeat that has arrived (a rank beats at once
+        when its state changes, before an admin command reports it)."""
         return self.client.group_states()
 
-    def is_ready(self) -> bool:
-        states = self.group_states()
-        return bool(states) and all(state == RankState.READY for state in states)
+    def is_ready(self, states: list[str] | None = None) -> bool:
+        """Whether some group takes requests: runs them (READY) or queues them (paused, updating
+        its weights); a request goes there, and /health answers 200."""
+        states = self.group_states() if states is None else states
+        return any(self.client.takes_requests(state) for state in states)
 
     def check_can_serve(self) -> None:
-        """503 unless some group is READY; it names each group's state."""
+        """503 only when no group can take a request (every one missing, stale, starting,
+        draining, stopped or failed); it names each group's state. A group whose state queues
+        requests takes them: they run when it resumes."""
         states = self.group_states()
-        if RankState.READY not in states:
+        if not self.is_ready(states):
             listed = ", ".join(f"group {g} {state}" for g, state in enumerate(states))
-            raise unavailable(f"no worker group is READY ({listed}); retry later")
+            raise unavailable(f"no worker group can take requests ({listed}); retry later")
 
     def check_model(self, name: str | None) -> None:
         """None: the client named no model (allowed where the field is optional)."""

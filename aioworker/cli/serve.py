@@ -15,6 +15,7 @@ import sys
 from aioworker.cli.api import add_api_arguments
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.cli.launcher import ChildCommand, Launcher
+from aioworker.cli.restarts import RestartPolicy
 from aioworker.config import ConfigError, WorkerConfig
 
 DEFAULT_STOP_TIMEOUT_S = 90.0
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.api_port is not None:
         commands.append(ChildCommand(-1, -1, api_argv(args, config_argv)))
-    return Launcher(commands, args.stop_timeout).run()
+    policy = RestartPolicy.from_options(config.launcher)
+    return Launcher(commands, args.stop_timeout, policy).run()
 
 
 def worker_config_argv(args: argparse.Namespace) -> list[str]:

@@ -1,18 +1,22 @@
 """Admin commands on the driver (the table is wire/admin_commands.py). Status answers from the
 start; the rest once the group serves. Weights and memory commands may take minutes: they are
-answered when done, while status and the rest stay live."""
+answered when done, while status and the rest stay live. Every reply leaves after a heartbeat
+that carries the state it reports, so a tool that watches heartbeats (a gateway) never sees an
+older state than the one the admin command printed."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.wire.admin_commands import LOG_LEVELS, LONG_COMMANDS
 from aioworker.wire.drops import DropCounter
@@ -25,6 +29,15 @@ log = logging.getLogger(__name__)
 MAX_DRAIN_DEADLINE_S = 86400.0
 
 
+@dataclass(eq=False)
+class _Pending:
+    """A command not yet answered: still running (a long one), or its reply waits for a beat."""
+
+    route: list[bytes]
+    command: str
+    reply: AdminReply | None = None
+
+
 class AdminHandler:
     def __init__(
         self,
@@ -33,20 +46,26 @@ class AdminHandler:
         spawn: Callable[[Coroutine], asyncio.Task],
         rejected: DropCounter,
         drain_timeout_s: float,
+        beat_published: Callable[[], Awaitable[None]],
     ) -> None:
+        """`beat_published`: returns once a heartbeat made after the call has left."""
         self.sock = sock
         self.status = status
         self.spawn = spawn
         self.rejected = rejected
         self.drain_timeout_s = drain_timeout_s
+        self.beat_published = beat_published
         self.control: GroupControl | None = None
+        self.requests: OpenRequests | None = None
         self.weights: WeightsCoordinator | None = None
-        # Long commands still running, by their reply route: answered at shutdown if need be.
-        self._pending: dict[int, tuple[list[bytes], AdminRequest]] = {}
+        # Commands not answered yet: close() answers them, so no caller waits out its timeout.
+        self._pending: set[_Pending] = set()
 
-    def serve_group(self, control: GroupControl, weights: WeightsCoordinator) -> None:
+    def serve_group(
+        self, control: GroupControl, requests: OpenRequests, weights: WeightsCoordinator
+    ) -> None:
         """The group is loaded: every command is answered from now on."""
-        self.control, self.weights = control, weights
+        self.control, self.requests, self.weights = control, requests, weights
 
     async def loop(self) -> None:
         while True:
@@ -66,11 +85,13 @@ class AdminHandler:
                     [*route, *encode(AdminReply(ok=False, message=str(exc)))]
                 )
                 continue
+            pending = _Pending(route, request.command)
+            self._pending.add(pending)
             if request.command in LONG_COMMANDS:
                 raw_frames = [frame.buffer for frame in body[2:]]
-                self.spawn(self._answer_long(route, request, raw_frames))
+                self.spawn(self._answer_long(pending, request, raw_frames))
                 continue
-            await self.sock.send_multipart([*route, *encode(self.answer(request))])
+            await self._reply(pending, self.answer(request))
 
     def answer(self, request: AdminRequest) -> AdminReply:
         """Whatever a handler raises becomes a refusal with the reason: a bad admin frame must
@@ -101,27 +122,35 @@ class AdminHandler:
             return await self.weights.release(request)
         return await self.weights.resume()
 
-    async def _answer_long(self, route: list[bytes], request, raw_frames: list) -> None:
-        key = id(route)
-        self._pending[key] = (route, request)
+    async def _answer_long(self, pending: _Pending, request, raw_frames: list) -> None:
         try:
             reply = await self.handle_long(request, raw_frames)
         except Exception as exc:
             log.exception("admin %s failed", request.command)
             reply = _failed(request, exc)
-        if self._pending.pop(key, None) is not None:
-            await self.sock.send_multipart([*route, *encode(reply)])
+        await self._reply(pending, reply)
+
+    async def _reply(self, pending: _Pending, reply: AdminReply) -> None:
+        """Send `reply` once a beat with the state it reports has left; should the rank stop
+        meanwhile, close() sends it."""
+        pending.reply = reply
+        await self.beat_published()
+        if pending in self._pending:
+            self._pending.discard(pending)
+            await self.sock.send_multipart([*pending.route, *encode(reply)])
 
     async def close(self, reason: str) -> None:
-        """The rank is stopping: every long command still running gets its answer now, so no
-        caller waits out its timeout."""
-        pending, self._pending = list(self._pending.values()), {}
-        for route, request in pending:
-            reply = AdminReply(ok=False, message=f"{request.command} not finished: {reason}")
+        """The rank is stopping: every command not answered yet gets its answer now (a long
+        one still running: that it did not finish), so no caller waits out its timeout."""
+        pending, self._pending = list(self._pending), set()
+        for item in pending:
+            reply = item.reply or AdminReply(
+                ok=False, message=f"{item.command} not finished: {reason}"
+            )
             try:
-                await self.sock.send_multipart([*route, *encode(reply)], flags=zmq.NOBLOCK)
+                await self.sock.send_multipart([*item.route, *encode(reply)], flags=zmq.NOBLOCK)
             except zmq.ZMQError as exc:
-                log.warning("could not answer admin %s at shutdown: %s", request.command, exc)
+                log.warning("could not answer admin %s at shutdown: %s", item.command, exc)
 
     def _not_ready(self) -> AdminReply:
         state = self.status()["state"]
@@ -154,7 +183,7 @@ class AdminHandler:
                 message=f"drain deadline {argument!r} is not a number of seconds from 0 to "
                 f"{MAX_DRAIN_DEADLINE_S:g}",
             )
-        in_flight = len(self.control.requests)
+        in_flight = len(self.requests)
         outcome = self.control.start_drain(deadline)
         return AdminReply(
             ok=True,
@@ -162,7 +191,7 @@ class AdminHandler:
         )
 
     def abort(self, request_id: str) -> AdminReply:
-        if self.control.abort(request_id, "aborted by an operator"):
+        if self.requests.abort(request_id, "aborted by an operator"):
             return AdminReply(ok=True, message=f"aborted {request_id}")
         return AdminReply(ok=False, message=f"no request {request_id!r} in flight")
 
@@ -173,7 +202,7 @@ class AdminHandler:
         )
 
     def shutdown(self, _: str) -> AdminReply:
-        count = self.control.abort_all("worker shutting down")
+        count = self.requests.abort_all("worker shutting down")
         self.control.stop()
         return AdminReply(ok=True, message=f"shutting down; aborted {count} request(s)")
 

@@ -44,6 +44,7 @@ class Driver:
         self.loaded: LoadedRank | None = None
         self.core: EngineCore | None = None
         self.control: GroupControl | None = None
+        self.requests: OpenRequests | None = None
         self.weights: WeightsCoordinator | None = None
         self.metrics: WorkerMetrics | None = None
         self.rejected = DropCounter(log, "malformed frames")
@@ -81,7 +82,12 @@ class Driver:
         self.results.recorder = self.recorder
         self.peers = PeerGroup(rank, self.rejected)
         self.admin = AdminHandler(
-            admin_socket, self.status, rank.spawn, self.rejected, runtime.drain_timeout_s
+            admin_socket,
+            self.status,
+            rank.spawn,
+            self.rejected,
+            runtime.drain_timeout_s,
+            rank.beat_published,
         )
         rank.spawn(self.admin.loop())  # status answers while loading
 
@@ -101,11 +107,14 @@ class Driver:
             self.metrics = WorkerMetrics(rank.group, port, runtime.host, self.serving_info)
         requests = OpenRequests(self.core, self.results, rank.group, self.metrics)
         self.control = GroupControl(rank.lifecycle, self.core, requests)
-        self.weights = WeightsCoordinator(self.control, self.peers)
-        self.admin.serve_group(self.control, self.weights)
+        requests.on_all_ended = self.control.finish_drain_if_done
+        self.requests = requests
+        self.weights = WeightsCoordinator(self.control, requests, self.peers)
+        self.admin.serve_group(self.control, requests, self.weights)
         intake = RequestIntake(
             self.tasks,
             self.control,
+            requests,
             self.results,
             self.rejected,
             runtime,
@@ -127,9 +136,9 @@ class Driver:
         if self.control is not None:
             self.control.close()
             if lifecycle.state is RankState.FAILED:
-                self.control.requests.fail_all(f"worker failed: {lifecycle.detail}")
+                self.requests.fail_all(f"worker failed: {lifecycle.detail}")
             else:
-                self.control.abort_all("worker shutting down")
+                self.requests.abort_all("worker shutting down")
         failed = lifecycle.state is RankState.FAILED
         if self.admin is not None:
             await self.admin.close(f"worker {'failed' if failed else 'shutting down'}")
@@ -142,8 +151,11 @@ class Driver:
 
     def serving_info(self) -> ServingInfo:
         if self.core is None:
-            total = self.loaded.num_blocks if self.loaded is not None else 0
-            return ServingInfo(kv_blocks_total=total)
+            if self.loaded is None:
+                return ServingInfo()
+            return ServingInfo(
+                kv_blocks_total=self.loaded.num_blocks, max_model_len=self.loaded.max_model_len
+            )
         scheduler = self.core.scheduler
         blocks = scheduler.block_manager
         return ServingInfo(
@@ -155,11 +167,12 @@ class Driver:
             blocks.num_cached_blocks,
             blocks.num_hit_tokens,
             blocks.num_queried_tokens,
+            self.loaded.max_model_len,
         )
 
     def _on_client_gone(self, client) -> None:
         reason = "the client is gone, or has read none of its outputs for a long time"
-        count = self.control.abort_client(client, reason)
+        count = self.requests.abort_client(client, reason)
         if count:
             log.warning("aborted %d request(s) of %s: %s", count, client[0], reason)
 
@@ -175,7 +188,8 @@ class Driver:
     async def step_loop(self) -> None:
         """Keep up to MAX_IN_FLIGHT steps launched: the next plan is built and queued on the
         device while the current step runs, then the oldest step's tokens are delivered."""
-        core, control, progress = self.core, self.control, self.rank.progress
+        core, control, requests = self.core, self.control, self.requests
+        progress = self.rank.progress
         in_flight, publish = core.in_flight, self.peers.publish_plan
         while True:
             started, started_cpu = time.perf_counter(), time.thread_time()
@@ -193,12 +207,12 @@ class Driver:
                 result = await asyncio.wrap_future(step.future)
             except Exception as exc:
                 reason = f"step {step.plan.step_id} failed: {type(exc).__name__}: {exc}"
-                control.requests.fail_all(reason)
+                requests.fail_all(reason)
                 raise FatalError(ExitCode.FAILED, reason) from exc
             outputs = core.complete(result)
             progress.started_at = in_flight[0].submitted_at if in_flight else None
             returned, returned_cpu = time.perf_counter(), time.thread_time()
-            control.requests.deliver(outputs)
+            requests.deliver(outputs)
             progress.num_tokens_generated += len(outputs)
             if self.metrics is not None:
                 self.metrics.on_step(len(outputs))
@@ -227,7 +241,7 @@ class Driver:
             "prefix_hit_rate": round(
                 info.prefix_hit_tokens / max(1, info.prefix_queried_tokens), 4
             ),
-            "num_requests": len(self.control.requests) if self.control is not None else 0,
+            "num_requests": len(self.requests) if self.requests is not None else 0,
             "num_tokens_generated": rank.progress.num_tokens_generated,
             "num_rejected_frames": self.rejected.total,
             "num_dropped_outputs": self.results.drops.total if self.results else 0,

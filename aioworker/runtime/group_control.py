@@ -1,25 +1,35 @@
 """What admin commands, signals and weights operations may do to a serving group: change its
-state, hold and wake its steps, abort or drain its requests, stop it. A narrow handle on the
-driver, so none of them needs the whole driver."""
+state, hold and wake its steps, drain it, stop it. A narrow handle on the driver, so none of them
+needs the whole driver. The open requests stay the driver's: a drain only counts them and may
+end them all."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from aioworker.core.engine_core import EngineCore
 from aioworker.runtime.lifecycle import RankLifecycle
-from aioworker.runtime.open_requests import OpenRequests
-from aioworker.runtime.results import ClientAddress
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.health import RankState
 
 
+class Drainable(Protocol):
+    """What a drain needs of the open requests: how many there are, and a way to end them all."""
+
+    def __len__(self) -> int: ...
+
+    def abort_all(self, reason: str) -> int: ...
+
+
 class GroupControl:
-    def __init__(self, lifecycle: RankLifecycle, core: EngineCore, requests: OpenRequests) -> None:
+    def __init__(
+        self, lifecycle: RankLifecycle, core: EngineCore, open_requests: Drainable
+    ) -> None:
         self.lifecycle = lifecycle
         self.core = core
-        self.requests = requests
+        self._open = open_requests
         # Set when work arrives or steps may run again; the step loop waits on it when idle.
         self.work = asyncio.Event()
         # Set after every step, and when steps stop: what `wait_until` re-checks on.
@@ -56,29 +66,7 @@ class GroupControl:
             self.progress.clear()
             await self.progress.wait()
 
-    # -- requests -----------------------------------------------------------------------------
-
-    def set_timeout(self, request_id: str, timeout_s: float) -> None:
-        """Abort the request `timeout_s` from now if it is still open."""
-        reason = f"timed out: its deadline of {timeout_s:g}s passed"
-        timer = asyncio.get_running_loop().call_later(timeout_s, self.abort, request_id, reason)
-        self.requests.set_deadline(request_id, timer)
-
-    def abort(self, request_id: str, reason: str) -> bool:
-        if not self.requests.abort(request_id, reason):
-            return False
-        self.finish_drain_if_done()
-        return True
-
-    def abort_client(self, client: ClientAddress, reason: str) -> int:
-        count = self.requests.abort_client(client, reason)
-        self.finish_drain_if_done()
-        return count
-
-    def abort_all(self, reason: str) -> int:
-        count = self.requests.abort_all(reason)
-        self.finish_drain_if_done()
-        return count
+    # -- draining -----------------------------------------------------------------------------
 
     @property
     def drain_pending(self) -> bool:
@@ -96,13 +84,15 @@ class GroupControl:
                 self._deferred_drain_s = deadline_s
             return "deferred until the weights operation in progress ends"
         if self.state is RankState.WEIGHTS_CLEARED:
-            self.abort_all("worker stopping while its memory is released: requests cannot finish")
+            self._open.abort_all(
+                "worker stopping while its memory is released: requests cannot finish"
+            )
             self.lifecycle.stop()
             return "memory is released: requests aborted, stopping"
         self.move(RankState.DRAINING)
         loop = asyncio.get_running_loop()
         self.drain_timer = loop.call_later(
-            deadline_s, self.abort_all, f"drain deadline of {deadline_s:g}s reached"
+            deadline_s, self._abort_at_deadline, f"drain deadline of {deadline_s:g}s reached"
         )
         self.wake()
         self.finish_drain_if_done()
@@ -118,8 +108,12 @@ class GroupControl:
         if deadline_s is not None:
             self.start_drain(deadline_s)
 
+    def _abort_at_deadline(self, reason: str) -> None:
+        self._open.abort_all(reason)
+        self.finish_drain_if_done()
+
     def finish_drain_if_done(self) -> None:
-        if self.state is RankState.DRAINING and not self.requests:
+        if self.state is RankState.DRAINING and not self._open:
             self.lifecycle.stop()
 
     def stop(self) -> None:

@@ -1,8 +1,11 @@
-"""Heartbeats come from the loop, on a timer, whatever the executor is doing: a rank in a long
-prefill or a weight load still beats, and says how long its current step has run."""
+"""Heartbeats come from a thread, on a timer and at once on every state change, whatever the
+executor is doing: a rank in a long prefill or a weight load still beats, and says how long its
+current step has run."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -29,6 +32,8 @@ class ServingInfo(NamedTuple):
     kv_blocks_cached: int = 0
     prefix_hit_tokens: int = 0
     prefix_queried_tokens: int = 0
+    # Once loaded (driver): the longest prompt plus output a request may have.
+    max_model_len: int = 0
 
 
 class HeartbeatSource:
@@ -72,6 +77,7 @@ class HeartbeatSource:
             kv_blocks_cached=info.kv_blocks_cached,
             prefix_hit_tokens=info.prefix_hit_tokens,
             prefix_queried_tokens=info.prefix_queried_tokens,
+            max_model_len=info.max_model_len,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,
@@ -81,7 +87,11 @@ class HeartbeatSource:
 class HeartbeatThread:
     """Publishes a rank's beats from a thread of its own, so the rank beats whatever its event
     loop is doing: a loop held up by a heavy frame must not make peers and monitors take a busy
-    rank for a dead one. Binding happens at construction, so a second instance on the same
+    rank for a dead one. Besides every interval, it beats at once when asked (`beat_now`: the
+    state changed) and when a subscriber joins (an XPUB socket sees each subscription), so a
+    monitor that (re)connects learns the state without waiting an interval. `published` waits
+    for a beat made after it was called: an admin reply that reports a state leaves only after a
+    beat that says it. Binding happens at construction, so a second instance on the same
     endpoint is refused there."""
 
     def __init__(
@@ -95,10 +105,23 @@ class HeartbeatThread:
         a plain, thread-side view of it)."""
         self.source = source
         self.endpoint = endpoint
+        # Verbose: every subscriber's subscription comes up, not only the first of a topic.
         self._sock = make_socket(
-            zmq.Context.shadow(context.underlying), zmq.PUB, bind=endpoint, options=options
+            zmq.Context.shadow(context.underlying),
+            zmq.XPUB,
+            bind=endpoint,
+            options={zmq.XPUB_VERBOSE: 1, **(options or {})},
         )
-        self._stop = threading.Event()
+        self._stopping = False
+        # Written (from any thread) to wake the beat thread: a beat is asked for, or it stops.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._num_asked = 0  # beats asked for by beat_now and published
+        # (ask number, future, its loop) of each `published` call not yet answered.
+        self._waiters: list[tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._thread = threading.Thread(target=self._run, name="aioworker-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -106,21 +129,75 @@ class HeartbeatThread:
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Publish the final state once more, so monitors see it at once, and end the thread."""
-        self._stop.set()
+        self._stopping = True
+        self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         else:  # never started: nobody else uses the socket
             self._close()
 
+    def beat_now(self) -> None:
+        """Publish a beat at once (from any thread): the state changed."""
+        with self._lock:
+            self._num_asked += 1
+        self._wake()
+
+    async def published(self) -> None:
+        """Return once a beat made after this call has been published (at once if the thread
+        does not run)."""
+        if self._stopping or not self._thread.is_alive():
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            self._num_asked += 1
+            self._waiters.append((self._num_asked, future, loop))
+        self._wake()
+        await future
+
     def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         try:
-            while True:
+            while not self._stopping:
+                self._drain()  # before the beat: what asks after this point gets another
+                with self._lock:
+                    asked = self._num_asked
                 self._send()
-                if self._stop.wait(self.source.interval_s):
-                    self._send()  # the final state
-                    return
+                self._answer_waiters(asked)
+                poller.poll(self.source.interval_s * 1000)
+            self._send()  # the final state
         finally:
             self._close()
+            self._answer_waiters(None)
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"\0")
+
+    def _drain(self) -> None:
+        """Take the pending wake-ups and subscriptions: one beat answers them all."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        with contextlib.suppress(zmq.Again):
+            while True:
+                self._sock.recv(zmq.NOBLOCK)
+
+    def _answer_waiters(self, asked: int | None) -> None:
+        """Wake the `published` calls that the beat just sent covers (None: all of them)."""
+        with self._lock:
+            done, waiting = [], []
+            for waiter in self._waiters:
+                (done if asked is None or waiter[0] <= asked else waiting).append(waiter)
+            self._waiters = waiting
+        for _, future, loop in done:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits
+                loop.call_soon_threadsafe(_settle, future)
 
     def _send(self) -> None:
         try:
@@ -131,3 +208,12 @@ class HeartbeatThread:
     def _close(self) -> None:
         self._sock.close(linger=500)  # let the last beat leave
         remove_ipc_file(self.endpoint)
+        with self._lock:
+            self._closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

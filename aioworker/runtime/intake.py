@@ -1,6 +1,6 @@
 """The driver's request intake: decode task frames, admit requests or refuse them with a reason,
-and abort them when their client asks. A frame that cannot be decoded is answered when it names
-where to, and counted either way; the loop goes on."""
+and abort them when their client asks. A frame that cannot be decoded, or is too large to be,
+is answered when it names where to, and counted either way; the loop goes on."""
 
 from __future__ import annotations
 
@@ -13,8 +13,17 @@ import zmq.asyncio
 from aioworker.config import RuntimeOptions
 from aioworker.core.admission import QueueFull
 from aioworker.core.outputs import ErrorKind, FinishReason
-from aioworker.core.sampling_params import InvalidRequestError
+from aioworker.core.sampling_params import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_STOP_STRING_LENGTH,
+    MAX_STOP_STRINGS,
+    InvalidRequestError,
+)
 from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.recorder import Recorder
 from aioworker.runtime.reply_policy import ReplyNotAllowed, ReplyPolicy
 from aioworker.runtime.results import InvalidReplyEndpoint, ResultSender
@@ -23,12 +32,14 @@ from aioworker.wire.health import RankState
 from aioworker.wire.protocol import (
     MAX_REQUEST_ID_LENGTH,
     TASK_DECODER,
+    VERSION_FRAME,
     AbortRequest,
     ProtocolError,
     Rejected,
     SubmitRequest,
 )
 from aioworker.wire.security import client_key_of, peer_address_of
+from aioworker.wire.submit_head import read_submit_head
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +49,18 @@ MAX_REQUEST_TIMEOUT_S = 7 * 86400.0
 YIELD_EVERY = 32
 
 
+# The most the sampling parameters of a valid request take in msgpack: every bounded list full,
+# 9 bytes per number, stop strings at 4 bytes per character.
+MAX_PARAMS_BYTES = 9 * (
+    MAX_ALLOWED_TOKEN_IDS + 2 * MAX_LOGIT_BIAS_ENTRIES + MAX_BAD_WORDS * (MAX_BAD_WORD_TOKENS + 1)
+) + MAX_STOP_STRINGS * (4 * MAX_STOP_STRING_LENGTH + 5)
+
+
 def max_task_frame_bytes(max_model_len: int) -> int:
     """The most a task frame of a valid request can hold: a prompt of max_model_len token ids
-    (at most 9 bytes each in msgpack), with generous room for the id, reply_to and params."""
-    return 65536 + 9 * max_model_len
+    (at most 9 bytes each in msgpack) and the largest valid params, with generous room for the
+    id, reply_to and the unbounded fields (stop_token_ids)."""
+    return 65536 + 9 * max_model_len + MAX_PARAMS_BYTES
 
 
 class RequestIntake:
@@ -49,6 +68,7 @@ class RequestIntake:
         self,
         tasks: zmq.asyncio.Socket,
         control: GroupControl,
+        requests: OpenRequests,
         results: ResultSender,
         rejected: DropCounter,
         options: RuntimeOptions,
@@ -57,7 +77,7 @@ class RequestIntake:
     ) -> None:
         self.tasks = tasks
         self.control = control
-        self.requests = control.requests
+        self.requests = requests
         self.results = results
         self.rejected = rejected
         self.while_released = options.while_released
@@ -83,15 +103,11 @@ class RequestIntake:
 
     def on_frames(self, raw: list[zmq.Frame]) -> None:
         size = sum(len(frame) for frame in raw)
+        client_key, peer_address = client_key_of(raw[-1]), peer_address_of(raw[-1])
         if size > self.max_frame_bytes:
-            # Refused unread: decoding it could hold the loop for seconds.
-            self.rejected.count(
-                f"tasks channel: a frame of {size} bytes; a request needs at most "
-                f"{self.max_frame_bytes} (model.max_model_len {self.max_model_len})"
-            )
+            self.refuse_large_frame(raw, size, client_key, peer_address)
             return
-        frames, client_key = [frame.bytes for frame in raw], client_key_of(raw[-1])
-        peer_address = peer_address_of(raw[-1])
+        frames = [frame.bytes for frame in raw]
         if self.recorder is not None:
             self.recorder.write("task", frames)
         try:
@@ -115,7 +131,7 @@ class RequestIntake:
         if owner is not None and owner[1] != client_key:
             self.rejected.count(f"tasks channel: abort of {request_id!r} from another client")
             return
-        self.control.abort(request_id, "aborted by the client")
+        self.requests.abort(request_id, "aborted by the client")
 
     def on_submit(self, message: SubmitRequest, client_key: str | None = None) -> None:
         client = (message.reply_to, client_key)
@@ -145,7 +161,7 @@ class RequestIntake:
             self.requests.send_terminal(client, message.request_id, FinishReason.ERROR, error, kind)
             return
         if message.timeout_s is not None:
-            self.control.set_timeout(message.request_id, message.timeout_s)
+            self.requests.set_timeout(message.request_id, message.timeout_s)
         self.control.wake()
 
     def refusal(self, message: SubmitRequest) -> tuple[ErrorKind, str] | None:
@@ -175,6 +191,28 @@ class RequestIntake:
             )
         return None
 
+    def refuse_large_frame(
+        self, raw: list[zmq.Frame], size: int, client_key: str | None, peer_address: str | None
+    ) -> None:
+        """A frame larger than any valid request: never decoded (that could hold the loop for
+        seconds), but answered from its head, which names the request and where its outputs go."""
+        limit = f"{self.max_frame_bytes} (model.max_model_len {self.max_model_len})"
+        self.rejected.count(
+            f"tasks channel: a frame of {size} bytes; a request needs at most {limit}"
+        )
+        head = read_submit_head(raw[-1].buffer) if len(raw) == 2 else None
+        if head is None or raw[0].bytes != VERSION_FRAME:
+            return
+        tokens = head.num_prompt_tokens
+        if tokens is not None and tokens > self.max_model_len:
+            reason = f"prompt has {tokens} tokens; max_model_len is {self.max_model_len}"
+        else:
+            reason = (
+                f"request of {size} bytes is larger than any valid request ({limit} bytes at "
+                "most); shorten the prompt or the sampling parameters"
+            )
+        self.answer_refused(head.reply_to, head.request_id, reason, client_key, peer_address)
+
     def reject_frame(
         self,
         frames: list[bytes],
@@ -188,17 +226,33 @@ class RequestIntake:
         try:
             loose = msgspec.msgpack.decode(frames[-1])
             reply_to, request_id = loose.get("reply_to"), loose.get("request_id")
-            self.reply_policy.check(reply_to, peer_address)
         except Exception:
             return
         if isinstance(reply_to, str) and isinstance(request_id, str):
-            try:
-                self.results.check_endpoint(reply_to, client_key)
-            except InvalidReplyEndpoint:
-                return
+            self.answer_refused(reply_to, request_id, f"rejected: {exc}", client_key, peer_address)
+        elif isinstance(reply_to, str) and self.may_answer(reply_to, client_key, peer_address):
+            self.results.send(reply_to, Rejected(reason=str(exc)), client_key)
+
+    def answer_refused(
+        self,
+        reply_to: str,
+        request_id: str,
+        reason: str,
+        client_key: str | None,
+        peer_address: str | None,
+    ) -> None:
+        """End a request that was never admitted with an invalid-request error, where the reply
+        policy lets the driver connect."""
+        if self.may_answer(reply_to, client_key, peer_address):
             client = (reply_to, client_key)
             self.requests.send_terminal(
-                client, request_id, FinishReason.ERROR, f"rejected: {exc}", ErrorKind.INVALID
+                client, request_id, FinishReason.ERROR, reason, ErrorKind.INVALID
             )
-        elif isinstance(reply_to, str):
-            self.results.send(reply_to, Rejected(reason=str(exc)), client_key)
+
+    def may_answer(self, reply_to: str, client_key: str | None, peer_address: str | None) -> bool:
+        try:
+            self.reply_policy.check(reply_to, peer_address)
+            self.results.check_endpoint(reply_to, client_key)
+        except (ReplyNotAllowed, InvalidReplyEndpoint):
+            return False
+        return True

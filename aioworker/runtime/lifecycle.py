@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aioworker.runtime.notify import SystemdNotifier
 from aioworker.runtime.state import ExitCode, RankStateMachine
@@ -34,7 +35,9 @@ class RankLifecycle:
     def __init__(self, group: int, rank: int, notifier: SystemdNotifier) -> None:
         self.label = f"group {group} rank {rank}"
         self.notifier = notifier
-        self.machine = RankStateMachine(self._notify_systemd)
+        self.machine = RankStateMachine(self._on_change)
+        # Called after every state change (the heartbeat thread publishes the new state at once).
+        self.listeners: list[Callable[[], None]] = []
         self.detail = ""  # why the rank failed
         self.exit_code = ExitCode.OK
         self.stopped = asyncio.Event()
@@ -73,6 +76,11 @@ class RankLifecycle:
         if self.state is RankState.FAILED:
             return f"FAILED: {self.detail}"
         return f"{STATUS_PHRASES.get(self.state, str(self.state))}: {self.label}"
+
+    def _on_change(self, state: RankState) -> None:
+        self._notify_systemd(state)
+        for listener in self.listeners:
+            listener()
 
     def _notify_systemd(self, state: RankState) -> None:
         """STATUS on every change; READY=1 the first time the rank serves; STOPPING=1 once."""

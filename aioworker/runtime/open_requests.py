@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aioworker.core.engine_core import EngineCore
@@ -38,6 +39,8 @@ class OpenRequests:
         self.group = group
         self.metrics = metrics
         self._requests: dict[str, Request] = {}
+        # Called when an abort leaves no request open (the driver finishes a drain on it).
+        self.on_all_ended: Callable[[], None] = lambda: None
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -88,6 +91,34 @@ class OpenRequests:
 
     def abort(self, request_id: str, reason: str) -> bool:
         """End a request with "abort" and `reason`; False if it is not open."""
+        if not self._abort(request_id, reason):
+            return False
+        if not self._requests:
+            self.on_all_ended()
+        return True
+
+    def abort_client(self, client: ClientAddress, reason: str) -> int:
+        """End every open request of one client (it vanished or stopped reading)."""
+        request_ids = [rid for rid, request in self._requests.items() if request.client == client]
+        return self._abort_each(request_ids, reason)
+
+    def abort_all(self, reason: str) -> int:
+        return self._abort_each(list(self._requests), reason)
+
+    def set_timeout(self, request_id: str, timeout_s: float) -> None:
+        """Abort the request `timeout_s` from now if it is still open."""
+        reason = f"timed out: its deadline of {timeout_s:g}s passed"
+        timer = asyncio.get_running_loop().call_later(timeout_s, self.abort, request_id, reason)
+        self._requests[request_id].deadline = timer
+
+    def _abort_each(self, request_ids: list[str], reason: str) -> int:
+        for request_id in request_ids:
+            self._abort(request_id, reason)
+        if not self._requests:
+            self.on_all_ended()
+        return len(request_ids)
+
+    def _abort(self, request_id: str, reason: str) -> bool:
         request = self._requests.get(request_id)
         if request is None:
             return False
@@ -96,19 +127,6 @@ class OpenRequests:
         for index in sorted(request.open_samples):
             self.send_terminal(request.client, request_id, FinishReason.ABORT, reason, None, index)
         return True
-
-    def abort_client(self, client: ClientAddress, reason: str) -> int:
-        """End every open request of one client (it vanished or stopped reading)."""
-        request_ids = [rid for rid, request in self._requests.items() if request.client == client]
-        for request_id in request_ids:
-            self.abort(request_id, reason)
-        return len(request_ids)
-
-    def abort_all(self, reason: str) -> int:
-        request_ids = list(self._requests)
-        for request_id in request_ids:
-            self.abort(request_id, reason)
-        return len(request_ids)
 
     def fail_all(self, reason: str) -> None:
         """The rank is failing: every open request ends with "error" and the reason."""
@@ -142,9 +160,6 @@ class OpenRequests:
         request.first_token_at = time.monotonic()
         if self.metrics is not None:
             self.metrics.ttft.observe(request.first_token_at - request.arrival)
-
-    def set_deadline(self, request_id: str, timer: asyncio.TimerHandle) -> None:
-        self._requests[request_id].deadline = timer
 
     def _on_finished(self, request_id: str, reason: FinishReason) -> None:
         request = self._requests.pop(request_id)

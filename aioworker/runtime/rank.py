@@ -127,6 +127,7 @@ class Rank:
         endpoint = self.endpoints.heartbeats[self.index]
         options = self.security.server_options(endpoint, Role.BEATS)
         self._beats = HeartbeatThread(source, self.context, endpoint, options)
+        self.lifecycle.listeners.append(self._beats.beat_now)
         self._beats.start()
         if self.notifier.is_enabled:
             self.spawn(extend_start_timeout(self.notifier, self.lifecycle.is_starting))
@@ -161,6 +162,12 @@ class Rank:
         self.context.term()
         for endpoint in self._bound:
             remove_ipc_file(endpoint)
+
+    async def beat_published(self) -> None:
+        """Return once a heartbeat made after this call has left (at once without heartbeats,
+        or once stopped: the heartbeat thread's last beat says so as it ends)."""
+        if self._beats is not None and not self.lifecycle.state.is_final:
+            await self._beats.published()
 
     def is_progressing(self) -> bool:
         """What the systemd watchdog asks: not stopped, and no step hung."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from aioworker.core.weights_phase import WeightsPhase
 from aioworker.runtime.group_control import GroupControl
+from aioworker.runtime.open_requests import OpenRequests
 from aioworker.runtime.peer_group import PeerGroup
 from aioworker.runtime.pushed_tensors import write_safetensors
 from aioworker.runtime.state import ExitCode
@@ -31,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class WeightsCoordinator:
-    def __init__(self, control: GroupControl, peers: PeerGroup) -> None:
+    def __init__(self, control: GroupControl, requests: OpenRequests, peers: PeerGroup) -> None:
         self.control = control
+        self.requests = requests
         self.peers = peers
         self.last_update_s: float | None = None
         self.busy = False
@@ -176,8 +178,9 @@ class _Hold:
     async def _hold_steps(self, control: GroupControl) -> None:
         scheduler = control.core.scheduler
         if self.mode == "abort":
+            requests = self.coordinator.requests
             for seq in list(scheduler.running):
-                control.abort(seq.request_id, "aborted for a weights update")
+                requests.abort(seq.request_id, "aborted for a weights update")
         if self.mode == "wait":
             scheduler.admit_new = False
             await control.wait_until(lambda: not scheduler.running)

@@ -27,7 +27,13 @@ from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestO
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
-from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.health import (
+    FINAL_STATES,
+    MISSING,
+    STALE_AFTER_INTERVALS,
+    RankState,
+    takes_requests,
+)
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
@@ -115,10 +121,15 @@ class Client:
         heartbeat_endpoints: list[str] | None = None,
         first_beat_timeout_s: float = 5.0,
         heartbeat_interval_s: float = 1.0,
+        max_message_bytes: int = 64 << 20,
+        while_released: str = "queue",
     ) -> None:
         """`heartbeat_endpoints`: each group's driver heartbeat (by default derived from its
         task endpoint); a group silent for 3 intervals, or with no beat within
-        `first_beat_timeout_s`, has its open requests ended with an error."""
+        `first_beat_timeout_s`, has its open requests ended with an error.
+        `max_message_bytes`: the groups' runtime.max_message_bytes; a larger request is
+        refused here (a group would cut the connection off unread). `while_released`: theirs
+        too (whether a group that released its memory queues requests)."""
         if not task_endpoints:
             raise ValueError("a client needs at least one group's task endpoint")
         self.task_endpoints = task_endpoints
@@ -129,6 +140,8 @@ class Client:
         ]
         self.first_beat_timeout_s = first_beat_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_message_bytes = max_message_bytes
+        self.while_released = while_released
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._open: dict[str, OpenSamples] = {}
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
@@ -152,6 +165,8 @@ class Client:
             [g.heartbeats[0] for g in groups],
             max(2.0, STALE_AFTER_INTERVALS * config.runtime.heartbeat_interval_s),
             config.runtime.heartbeat_interval_s,
+            config.runtime.max_message_bytes,
+            config.runtime.while_released,
         )
 
     async def start(self) -> None:
@@ -227,7 +242,8 @@ class Client:
     ) -> RequestStream:
         """Send a request; the stream yields its outputs and ends after the terminal one. With
         `timeout_s` the group aborts it past that deadline (and this client ends it, should the
-        group not answer)."""
+        group not answer). A request no group could take (a prompt longer than max_model_len,
+        a lost group) ends at once with an error instead of being sent."""
         await self.start()
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
@@ -240,25 +256,47 @@ class Client:
         self._in_flight[group] += 1
         message = SubmitRequest(
             request_id=request_id,
+            reply_to=self.reply_endpoint,
             prompt_token_ids=list(prompt_token_ids),
             params=params,
-            reply_to=self.reply_endpoint,
             timeout_s=timeout_s,
         )
         stream = RequestStream(request_id, group, queue, params.n)
-        if self._watch.is_lost[group]:
-            self._end(
-                request_id,
-                f"group {group} is lost: no heartbeat; request not sent",
-                ErrorKind.UNAVAILABLE,
+        frames = encode(message)
+        refusal = self._refusal(group, len(message.prompt_token_ids), len(frames[1]))
+        if refusal is not None:
+            reason, kind = refusal
+            self._deliver(
+                RequestOutput(request_id, [], FinishReason.ERROR, reason, error_kind=kind)
             )
             return stream
         if timeout_s is not None:
             self._deadlines[request_id] = asyncio.get_running_loop().call_later(
                 timeout_s + DEADLINE_GRACE_S, self._expire, request_id, timeout_s
             )
-        await self._pushes[group].send_multipart(encode(message))
+        await self._pushes[group].send_multipart(frames)
         return stream
+
+    def _refusal(
+        self, group: int, num_prompt_tokens: int, num_bytes: int
+    ) -> tuple[str, ErrorKind] | None:
+        """Why the request cannot be sent to `group` at all, or None. The prompt's length is
+        checked against the max_model_len the group's driver beats (unknown before its first
+        beat: the group then refuses a long prompt itself)."""
+        max_model_len = self._watch.max_model_lens[group]
+        if max_model_len and num_prompt_tokens > max_model_len:
+            reason = f"prompt has {num_prompt_tokens} tokens; max_model_len is {max_model_len}"
+            return reason, ErrorKind.INVALID
+        if num_bytes > self.max_message_bytes:
+            return (
+                f"request of {num_bytes} bytes exceeds runtime.max_message_bytes "
+                f"({self.max_message_bytes}); shorten the prompt or the sampling parameters",
+                ErrorKind.INVALID,
+            )
+        if self._watch.is_lost[group]:
+            reason = f"group {group} is lost: no heartbeat; request not sent"
+            return reason, ErrorKind.UNAVAILABLE
+        return None
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
@@ -324,10 +362,12 @@ class Client:
         return len(self._queues)
 
     def group_states(self) -> list[str]:
-        """Each group's state from its driver's heartbeats: a RankState, MISSING before its
-        first beat, or STALE once it has gone silent. Empty before start()."""
+        """Each group's state from its driver's heartbeats, read up to the last beat that has
+        arrived: a RankState, MISSING before its first beat, or STALE once it has gone silent.
+        Empty before start()."""
         if not self._started:
             return []
+        self._watch.refresh()
         return [self._watch.status(group) for group in range(len(self.task_endpoints))]
 
     def latest_heartbeats(self) -> list[Heartbeat | None]:
@@ -336,18 +376,27 @@ class Client:
             return [None] * len(self.task_endpoints)
         return list(self._watch.beats)
 
+    def takes_requests(self, state: str) -> bool:
+        """Whether a group in `state` (from group_states) takes a new request: runs it (READY)
+        or holds it until it can (paused, updating its weights, memory released and queuing)."""
+        return takes_requests(state, self.while_released)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _pick_group(self) -> int:
-        """The READY group with the fewest of our requests in flight (ties in turn); with none
-        READY, any group, whose refusal then says why."""
-        watch = self._watch
-        candidates = [
+        """The group with the fewest of our requests in flight (ties in turn) among the first
+        of: READY groups; groups that queue requests (paused, updating weights); groups that
+        beat, whatever their state (their refusal says why, and their state may be newer than
+        the last beat); every group (a lost one ends the request at once)."""
+        states, lost = self.group_states(), self._watch.is_lost
+        alive = [
             g
-            for g, state in enumerate(watch.states)
-            if state == RankState.READY and not watch.is_lost[g]
+            for g, state in enumerate(states)
+            if not lost[g] and state != MISSING and state not in FINAL_STATES
         ]
-        candidates = candidates or range(len(self.task_endpoints))
+        ready = [g for g in alive if states[g] == RankState.READY]
+        queuing = [g for g in alive if self.takes_requests(states[g])]
+        candidates = ready or queuing or alive or range(len(self.task_endpoints))
         fewest = min(self._in_flight[g] for g in candidates)
         while True:
             group = next(self._round_robin)

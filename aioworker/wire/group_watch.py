@@ -5,7 +5,6 @@ error instead of waiting for outputs that will not come."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,10 @@ from aioworker.wire.security import ClientSecurity
 from aioworker.wire.transport import make_socket
 
 log = logging.getLogger(__name__)
+
+# How often a heartbeat socket whose driver is gone tries to connect again (a failed connect is
+# one cheap system call).
+RECONNECT_MS = 20
 
 
 class GroupWatch:
@@ -38,7 +41,13 @@ class GroupWatch:
                 context,
                 zmq.SUB,
                 connect=endpoint,
-                options={zmq.SUBSCRIBE: b"", **security.connect_options(endpoint)},
+                options={
+                    zmq.SUBSCRIBE: b"",
+                    # A restarted driver is heard within this many ms of binding (it beats
+                    # to each new subscriber at once), instead of ZeroMQ's default 100.
+                    zmq.RECONNECT_IVL: RECONNECT_MS,
+                    **security.connect_options(endpoint),
+                },
                 max_message_bytes=1 << 20,
             )
             for endpoint in heartbeat_endpoints
@@ -54,15 +63,30 @@ class GroupWatch:
         self.states: list[str] = [MISSING] * len(heartbeat_endpoints)
         # Each group's latest driver heartbeat (None before the first): what metrics read.
         self.beats: list[Heartbeat | None] = [None] * len(heartbeat_endpoints)
+        # Each group's max_model_len from its driver's beats; 0 until one says it.
+        self.max_model_lens = [0] * len(heartbeat_endpoints)
         self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
+        # Awaiting the sockets, not only sleeping: a SUB socket sends its subscription again
+        # after a reconnect only when its own thread (this loop) handles its events, and until
+        # then a restarted driver's beats go nowhere.
+        poller = zmq.asyncio.Poller()
+        for sock in self.sockets:
+            poller.register(sock, zmq.POLLIN)
         while True:
-            await asyncio.sleep(min(self.intervals) / 4)
+            await poller.poll(1000 * min(self.intervals) / 4)
             now = time.monotonic()
             for group, reader in enumerate(self._readers):
                 self._read_beats(group, reader, now)
                 self._check(group, now)
+
+    def refresh(self) -> None:
+        """Read every beat that has arrived, now: a rank beats at once when its state changes,
+        so a decision taken after this sees the state an admin command has just reported."""
+        now = time.monotonic()
+        for group, reader in enumerate(self._readers):
+            self._read_beats(group, reader, now)
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -84,6 +108,7 @@ class GroupWatch:
             self.intervals[group] = beat.interval_s
             self.states[group] = beat.state
             self.beats[group] = beat
+            self.max_model_lens[group] = beat.max_model_len or self.max_model_lens[group]
             if beat.state == RankState.FAILED:
                 self._lose(group, f"group {group} failed: {beat.detail}")
                 continue

@@ -103,6 +103,21 @@ def is_ready_state(state: str) -> bool:
     return state == RankState.READY
 
 
+# States whose group takes a new request and holds it until they end: paused, and weights or
+# memory operations (WEIGHTS_CLEARED only under runtime.while_released = "queue").
+QUEUING_STATES = frozenset(
+    {RankState.PAUSED, RankState.UPDATING_WEIGHTS, RankState.WEIGHTS_CLEARED}
+)
+
+
+def takes_requests(state: str, while_released: str = "queue") -> bool:
+    """Whether a group in `state` takes a new request: READY runs it, a queuing state holds it.
+    Every other state (starting, draining, stopped, failed; MISSING, STALE) refuses it."""
+    if state == RankState.WEIGHTS_CLEARED:
+        return while_released == "queue"
+    return state == RankState.READY or state in QUEUING_STATES
+
+
 def not_ready_reason(seen: Seen | None, now: float) -> str | None:
     """Why a readiness probe should fail on this rank (not alive, or alive but not READY), or
     None if it serves."""

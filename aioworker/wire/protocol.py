@@ -19,8 +19,11 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
 # 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
 # 3: logprobs, stop strings and error kinds. 4: parallel samples (n, sample_index) and prefix
-# cache figures in heartbeats.
-PROTOCOL_VERSION = 4
+# cache figures in heartbeats. 5: the driver's max_model_len in heartbeats, and a submit's
+# reply_to before its prompt (wire/submit_head.py).
+# MERGE NOTE: the sampling branch also bumps this (plan and SamplingParams shapes); when both
+# land, take the higher number plus one and list both changes above.
+PROTOCOL_VERSION = 5
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
@@ -42,11 +45,13 @@ class _Message(
 
 
 class SubmitRequest(_Message, tag="submit"):
+    # request_id and reply_to come first: encoded in this order, a frame too large to decode is
+    # still answered from its head (wire/submit_head.py reads them and the prompt's length).
     request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
     # Where the driver PUSHes this request's outputs (the client's bound PULL endpoint).
     reply_to: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
     # Seconds after admission when the group aborts the request, finished or not.
     timeout_s: float | None = None
 
@@ -190,6 +195,9 @@ class Heartbeat(_Message, tag="heartbeat"):
     kv_blocks_cached: int = 0
     prefix_hit_tokens: int = 0
     prefix_queried_tokens: int = 0
+    # The longest prompt plus output the group takes (driver only, once loaded; 0 before): a
+    # client refuses a longer prompt itself instead of sending it.
+    max_model_len: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:

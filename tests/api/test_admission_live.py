@@ -1,5 +1,5 @@
 """Admission over HTTP, against a fake-executor worker and `aioworker api`: a full queue answers
-429 with Retry-After, a group that is not READY 503 naming its state, and /health follows."""
+429 with Retry-After. (Readiness, and the 503 naming each group's state: test_readiness_live.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.api.service import api_url, open_stream, request, wait_healthy
 from tests.processes import Process
-from tests.workers import admin, deployment
+from tests.workers import deployment
 
 pytestmark = pytest.mark.slow
 BODY = {"model": "embedded", "prompt": "Hello", "max_tokens": 5}
@@ -65,25 +65,3 @@ def wait_until_done(futures: list[Future], count: int, timeout: float = 30) -> l
         assert time.monotonic() < deadline, f"only {len(done)} of {count} answered"
         time.sleep(0.02)
     return done
-
-
-def wait_health(url: str, status: int) -> dict:
-    deadline = time.monotonic() + 5
-    while (answer := request(url, "GET", "/health"))[0] != status and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert answer[0] == status, answer
-    return json.loads(answer[2])
-
-
-def test_a_group_that_is_not_ready_answers_503_naming_its_state(fake) -> None:
-    url, config = fake
-    assert admin(config, "pause").ok
-    try:
-        health = wait_health(url, 503)
-        assert health == {"ready": False, "groups": [{"group": 0, "state": "PAUSED"}]}
-        status, _, body = request(url, "POST", "/v1/completions", BODY)
-        assert status == 503 and "group 0 PAUSED" in json.loads(body)["error"]["message"]
-    finally:
-        assert admin(config, "resume").ok
-    wait_health(url, 200)
-    assert request(url, "POST", "/v1/completions", BODY)[0] == 200

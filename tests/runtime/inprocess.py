@@ -4,6 +4,7 @@ sockets in a temporary ipc directory: no subprocess."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import zmq
@@ -40,10 +41,17 @@ def inprocess_config(runtime_dir: Path, **overrides) -> WorkerConfig:
 class InProcessGroup:
     """A driver rank run as a task of this test's event loop."""
 
-    def __init__(self, config: WorkerConfig, peer_faults: dict | None = None, **faults) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        peer_faults: dict | None = None,
+        load_seconds: float = 0.0,
+        **faults,
+    ) -> None:
         """With tensor_parallel_size > 1 the peers run in this loop too, each with a fake
-        executor given `peer_faults`."""
+        executor given `peer_faults`. `load_seconds`: how long the driver stays LOADING."""
         self.config = config
+        self.load_seconds = load_seconds
         self.rank = Rank(config, 0, 0)
         self.driver = Driver(self.rank)
         self.executor, self.task = self._start(self.rank, self.driver, faults)
@@ -56,7 +64,12 @@ class InProcessGroup:
 
     def _start(self, rank: Rank, role, faults: dict):
         executor, loaded = build_fake(self.config, **faults)
-        task = asyncio.ensure_future(rank.run(role, lambda report_phase: (executor, loaded)))
+
+        def build(report_phase):  # on the rank's load thread
+            time.sleep(self.load_seconds if rank.index == 0 else 0.0)
+            return executor, loaded
+
+        task = asyncio.ensure_future(rank.run(role, build))
         return executor, task
 
     async def stop(self) -> None:

@@ -55,7 +55,7 @@ def test_a_client_that_reads_slowly_loses_no_output(tmp_path: Path) -> None:
         try:
             for i in range(num_requests):
                 await raw.submit(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=num_tokens))
-            while group.driver.control.requests:  # the driver finishes while nobody reads
+            while group.driver.requests:  # the driver finishes while nobody reads
                 await asyncio.sleep(0.05)
             tokens, terminals = {}, []
             while len(terminals) < num_requests:
@@ -83,7 +83,7 @@ def test_a_client_that_vanishes_has_its_requests_aborted_and_blocks_freed(
         await raw.receive()
         raw.close()  # gone, with 50 streams open
         gone_at = asyncio.get_running_loop().time()
-        while group.driver.control.requests:
+        while group.driver.requests:
             await asyncio.sleep(0.05)
         return asyncio.get_running_loop().time() - gone_at, group.used_blocks
 
@@ -111,7 +111,7 @@ def test_a_client_that_closes_with_streams_open_aborts_them(inproc_config) -> No
         reply_file = Path(other.reply_endpoint.removeprefix("ipc://"))
         await other.close()
         closed_at = asyncio.get_running_loop().time()
-        while group.driver.control.requests:
+        while group.driver.requests:
             await asyncio.sleep(0.01)
         return asyncio.get_running_loop().time() - closed_at, reply_file.exists()
 
@@ -141,10 +141,10 @@ def test_a_live_client_that_reads_nothing_is_given_up_after_the_timeout(tmp_path
         try:
             for i in range(4):
                 await raw.submit(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=100000))
-            while len(group.driver.control.requests) < 4:
+            while len(group.driver.requests) < 4:
                 await asyncio.sleep(0.005)
             started = asyncio.get_running_loop().time()
-            while group.driver.control.requests:
+            while group.driver.requests:
                 await asyncio.sleep(0.05)
             return asyncio.get_running_loop().time() - started, group.used_blocks
         finally:

@@ -9,13 +9,11 @@ from aioworker.wire.drops import DropCounter
 
 
 class Requests:
-    def client_of(self, request_id: str):
-        return ("tcp://10.0.0.5:7000", "alice-key") if request_id == "r" else None
-
-
-class Control:
     def __init__(self) -> None:
         self.aborted: list[str] = []
+
+    def client_of(self, request_id: str):
+        return ("tcp://10.0.0.5:7000", "alice-key") if request_id == "r" else None
 
     def abort(self, request_id: str, reason: str) -> bool:
         self.aborted.append(request_id)
@@ -24,9 +22,9 @@ class Control:
 
 def test_only_the_key_a_request_came_with_may_abort_it() -> None:
     intake = RequestIntake.__new__(RequestIntake)
-    intake.requests, intake.control = Requests(), Control()
+    intake.requests = Requests()
     intake.rejected = DropCounter(logging.getLogger("t"), "frames")
     intake.on_abort("r", "mallory-key")
-    assert intake.control.aborted == [] and intake.rejected.total == 1
+    assert intake.requests.aborted == [] and intake.rejected.total == 1
     intake.on_abort("r", "alice-key")
-    assert intake.control.aborted == ["r"]
+    assert intake.requests.aborted == ["r"]

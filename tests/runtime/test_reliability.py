@@ -17,6 +17,7 @@ import pytest
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.client import Client
+from tests.runtime.inprocess import RawClient
 from tests.workers import deployment, read_log, running, start_worker, wait_ready
 
 FAKE_STEP = ("--fake-executor", "--fake-step-ms", "20")
@@ -195,17 +196,28 @@ def test_metrics_are_served_with_conventional_names() -> None:
 REPLAY_CACHE = {"cache.num_blocks": 64}
 
 
-def record(tmp_path, model_dir, requests, max_model_len: int = 256):
-    """Serve `requests` (prompt, params) on the model with runtime.record_path; the recording."""
+def record(tmp_path, model_dir, requests, max_model_len: int = 256, unchecked=()):
+    """Serve `requests` (prompt, params) on the model with runtime.record_path; the recording.
+    `unchecked` requests go straight to the worker (the Client would refuse a prompt longer than
+    max_model_len itself); their terminal outputs follow the others'."""
     recording = tmp_path / "run.rec"
     overrides = {"model.path": str(model_dir), "model.max_model_len": max_model_len}
+    run_dir = {"runtime.runtime_dir": str(tmp_path / "run")}
     config, set_args = deployment(
-        **REPLAY_CACHE, **overrides, **{"runtime.record_path": str(recording)}
+        **REPLAY_CACHE, **overrides, **run_dir, **{"runtime.record_path": str(recording)}
     )
 
     async def scenario():
         async with Client.from_config(config) as client:
-            return await asyncio.gather(*(client.generate(p, params) for p, params in requests))
+            done = await asyncio.gather(*(client.generate(p, params) for p, params in requests))
+        raw = RawClient(config, "unchecked")
+        try:
+            for i, (prompt, params) in enumerate(unchecked):
+                await raw.submit(f"unchecked-{i}", prompt, params)
+                done.append((await raw.receive(timeout_s=30)).outputs[-1])
+        finally:
+            raw.close()
+        return done
 
     with running(config, set_args):
         completions = asyncio.run(scenario())
@@ -244,8 +256,9 @@ def test_requests_refused_when_recorded_are_refused_again(tmp_path) -> None:
     model_dir = tmp_path / "model"
     build_tiny_model("qwen3", model_dir)  # a vocabulary of 384 tokens
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    requests = [([5, 6, 7], params), ([5, 1000], params), ([9] * 40, params)]
-    recording, completions = record(tmp_path, model_dir, requests, max_model_len=32)
+    requests = [([5, 6, 7], params), ([5, 1000], params)]
+    too_long = [([9] * 40, params)]
+    recording, completions = record(tmp_path, model_dir, requests, 32, unchecked=too_long)
     assert [c.finish_reason for c in completions] == ["length", "error", "error"]
 
     same = replay(recording, model_dir, max_model_len=32)

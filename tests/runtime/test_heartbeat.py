@@ -1,0 +1,79 @@
+"""A rank beats at once when its state changes, and an admin reply leaves only after a beat that
+carries the state it reports: whoever reads the heartbeats (a client, a gateway) has seen the
+state by the time an admin command prints it, however long the beat interval."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+import zmq.asyncio
+
+from aioworker.cli.admin import wait_ready
+from aioworker.core.sampling_params import SamplingParams
+from aioworker.wire.client import Client
+from aioworker.wire.protocol import HEARTBEAT_DECODER
+from aioworker.wire.transport import group_endpoints
+from tests.runtime.inprocess import InProcessGroup, inprocess_config, run
+
+# Longer than any test here waits: a beat that arrives came from a state change or a reply.
+SLOW_BEATS = {"runtime.heartbeat_interval_s": 30.0}
+
+
+async def beats_so_far(sock: zmq.asyncio.Socket) -> list[str]:
+    """The states of every beat that has arrived, without waiting for more."""
+    states = []
+    while await sock.poll(0):
+        states.append(HEARTBEAT_DECODER.decode(await sock.recv_multipart()).state)
+    return states
+
+
+def test_every_admin_reply_follows_a_beat_of_the_state_it_reports(tmp_path) -> None:
+    config = inprocess_config(tmp_path, **SLOW_BEATS)
+
+    async def scenario(group: InProcessGroup, client: Client) -> list[tuple[str, list[str]]]:
+        context = zmq.asyncio.Context.instance()
+        sock = context.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(group_endpoints(config.runtime, 0, 1).heartbeats[0])
+        try:
+            while not await beats_so_far(sock):  # every status reply is preceded by a beat
+                await group.admin("status")
+                await asyncio.sleep(0.05)
+            seen = []
+            for command in ("pause", "status", "resume", "status"):
+                reply = await group.admin(command)
+                await sock.poll(50)  # the beat left first; give it the time to arrive
+                seen.append((reply.message, await beats_so_far(sock)))
+            return seen
+        finally:
+            sock.close()
+
+    seen, _ = run(scenario, config)
+    paused, status_paused, resumed, status_ready = seen
+    assert paused[1][-1] == "PAUSED" and status_paused == ("PAUSED", ["PAUSED"])
+    assert resumed[1][-1] == "READY" and status_ready == ("READY", ["READY"])
+
+
+def test_right_after_wait_ready_a_client_sees_ready_every_time(tmp_path) -> None:
+    """A group that starts and loads for a moment, three times over, watched by a client all
+    along: once `admin wait-ready` returns, the client's own view (from heartbeats) already says
+    READY, and a request runs."""
+    config = inprocess_config(tmp_path, **SLOW_BEATS)
+
+    async def main() -> list[tuple[list[str], str]]:
+        seen = []
+        async with Client.from_config(config) as client:
+            for _ in range(3):
+                group = InProcessGroup(config, load_seconds=0.3)
+                try:
+                    assert await asyncio.to_thread(wait_ready, config, [0], 10.0, False) == 0
+                    states = client.group_states()
+                    done = await client.generate([1, 2, 3], SamplingParams(max_tokens=2))
+                    seen.append((states, done.finish_reason))
+                finally:
+                    await group.stop()
+        return seen
+
+    assert asyncio.run(main()) == [(["READY"], "length")] * 3

@@ -1,0 +1,66 @@
+"""The client's watch over a group's driver heartbeat: a silent group is lost (its requests end),
+and a lost group that beats again is used again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+import zmq.asyncio
+
+from aioworker.wire.group_watch import GroupWatch
+from aioworker.wire.health import STALE
+from aioworker.wire.protocol import Heartbeat, encode
+from aioworker.wire.security import ClientSecurity
+
+
+def beat(state: str) -> list[bytes]:
+    fields = dict(step_id=0, step_elapsed_s=0.0, num_running=0, num_waiting=0)
+    fields |= dict(kv_blocks_used=0, kv_blocks_total=8, tokens_per_s=0.0, weights_version=0)
+    return encode(
+        Heartbeat(
+            group=0, rank=0, pid=1, state=state, interval_s=0.05, sent_at=time.time(), **fields
+        )
+    )
+
+
+def test_a_lost_group_that_beats_again_comes_back(tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path}/beats"
+
+    async def scenario() -> list:
+        context = zmq.asyncio.Context()
+        driver = context.socket(zmq.PUB)
+        driver.setsockopt(zmq.LINGER, 0)
+        driver.bind(endpoint)
+        lost: list[str] = []
+        watch = GroupWatch(
+            context, [endpoint], ClientSecurity(), 0.3, lambda g, why: lost.append(why)
+        )
+        watcher = asyncio.ensure_future(watch.run())
+        seen = []
+
+        async def beat_until_seen(state: str) -> None:
+            deadline = time.monotonic() + 5
+            while watch.status(0) != state and time.monotonic() < deadline:
+                await driver.send_multipart(beat(state))
+                await asyncio.sleep(0.01)
+                watch.refresh()
+
+        try:
+            for state in ("READY", None, "LOADING", "READY"):
+                if state is None:  # silent for more than 3 intervals of 0.05 s
+                    await asyncio.sleep(0.4)
+                else:
+                    await beat_until_seen(state)
+                seen.append((watch.status(0), watch.is_lost[0]))
+        finally:
+            watcher.cancel()
+            watch.close()
+            driver.close()
+            context.term()
+        return seen, lost
+
+    seen, lost = asyncio.run(scenario())
+    assert seen == [("READY", False), (STALE, True), ("LOADING", False), ("READY", False)]
+    assert len(lost) == 1 and lost[0].startswith("group 0 is lost: no heartbeat for")
