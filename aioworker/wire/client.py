@@ -24,7 +24,7 @@ import zmq.asyncio
 
 from aioworker.config import WorkerConfig
 from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestOutput
-from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
 from aioworker.wire.health import (
@@ -248,12 +248,6 @@ class Client:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight on this client")
-        group = self._pick_group() if group is None else group
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[request_id] = queue
-        self._open[request_id] = OpenSamples(params.n)
-        self._owner[request_id] = group
-        self._in_flight[group] += 1
         message = SubmitRequest(
             request_id=request_id,
             reply_to=self.reply_endpoint,
@@ -261,8 +255,20 @@ class Client:
             params=params,
             timeout_s=timeout_s,
         )
+        try:
+            frames = encode(message)
+        except OverflowError as exc:  # before anything is registered: nothing to clean up
+            raise InvalidRequestError(
+                f"an integer of the request does not fit in 64 bits ({exc}); token ids, "
+                "max_tokens and seeds must"
+            ) from None
+        group = self._pick_group() if group is None else group
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._open[request_id] = OpenSamples(params.n)
+        self._owner[request_id] = group
+        self._in_flight[group] += 1
         stream = RequestStream(request_id, group, queue, params.n)
-        frames = encode(message)
         refusal = self._refusal(group, len(message.prompt_token_ids), len(frames[1]))
         if refusal is not None:
             reason, kind = refusal

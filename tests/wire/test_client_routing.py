@@ -80,3 +80,14 @@ def test_memory_released_queues_only_under_while_released_queue() -> None:
 def test_which_states_take_requests(state: str, takes: bool) -> None:
     assert takes_requests(state) is takes
     assert takes_requests(state, "reject") is (takes and state != "WEIGHTS_CLEARED")
+
+
+def test_a_request_that_cannot_be_encoded_is_refused_before_it_is_registered() -> None:
+    import asyncio
+
+    from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
+
+    client = client_seeing(["READY"])
+    with pytest.raises(InvalidRequestError, match="64 bits"):
+        asyncio.run(client.submit([2**64], SamplingParams(max_tokens=1)))
+    assert client.num_in_flight == 0 and client._in_flight == [0]
