@@ -64,6 +64,17 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.api_port is not None and not 0 <= args.api_port < 65536:
         return fail(f"--api-port {args.api_port}: give a tcp port (0: any free one)")
+    api_only = [
+        flag
+        for flag, value in (
+            ("--served-model-name", args.served_model_name),
+            ("--api-key", args.api_key),
+            ("--chat-template", args.chat_template),
+        )
+        if value
+    ]
+    if api_only and args.api_port is None:
+        return fail(f"{', '.join(api_only)}: these configure the HTTP server; add --api-port PORT")
     if not args.stop_timeout >= 0:
         return fail(f"--stop-timeout {args.stop_timeout:g}: give 0 or more seconds")
     config_argv = worker_config_argv(args)

@@ -77,3 +77,13 @@ def test_a_chat_template_that_cannot_serve_fails_at_start(tmp_path: Path, text, 
     config = load_config(overrides={"api.chat_template": str(template)})
     with pytest.raises(ConfigError, match=message):
         Gateway.from_config(config, Client.from_config(config))
+
+
+def test_serve_refuses_http_flags_without_an_http_server(capsys) -> None:
+    from aioworker.cli.serve import run
+
+    args = build_parser().parse_args(["serve", "--api-key", "k", "--served-model-name", "a"])
+    assert run(args) != 0
+    assert (
+        "--served-model-name, --api-key: these configure the HTTP server" in capsys.readouterr().err
+    )
