@@ -83,7 +83,7 @@ def prompt_spans(plan: StepPlan, seqs: dict) -> list[PromptSpan]:
         k = state.sampling.prompt_logprobs
         end = min(start + num_tokens, state.num_prompt_tokens - 1)
         if k >= 0 and end > start:
-            targets = state.prompt_token_ids[start + 1 : end + 1]
+            targets = state.token_ids[start + 1 : end + 1]
             temperature = state.sampling.temperature or 1.0
             spans.append(PromptSpan(seq_id, offset, start + 1, targets, k, temperature))
         offset += num_tokens

@@ -6,6 +6,7 @@ A msgspec Struct so it can travel on the wire unchanged; `validate` names the ba
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgspec
 
@@ -184,3 +185,20 @@ class SamplingParams(
         """Temperatures below GREEDY_BELOW sample greedily: dividing float32 logits by them
         overflows, and the distribution they ask for is the argmax anyway."""
         return self.temperature < GREEDY_BELOW
+
+
+def bad_words_token_ids(
+    encode: Callable[[str], list[int]], words: list[str]
+) -> tuple[tuple[int, ...], ...]:
+    """`bad_words_token_ids` for words given as text: each word as written and after a space,
+    since a BPE vocabulary spells a word differently inside a sentence (" York") than at its
+    start ("York"). `encode`: text -> token ids, without special tokens."""
+    found: dict[tuple[int, ...], None] = {}
+    for word in words:
+        if not word.strip():
+            raise InvalidRequestError("a bad word is empty; give some text")
+        for text in (word, " " + word):
+            token_ids = tuple(encode(text))
+            if token_ids:
+                found[token_ids] = None
+    return tuple(found)

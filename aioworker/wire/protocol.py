@@ -19,8 +19,9 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
 # 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
 # 3: logprobs, stop strings and error kinds. 4: parallel samples (n, sample_index) and prefix
-# cache figures in heartbeats.
-PROTOCOL_VERSION = 4
+# cache figures in heartbeats. 5: logit controls in SamplingParams and the plan's sampling
+# settings; NewSeq carries the tokens seen where penalties or bad words need them.
+PROTOCOL_VERSION = 5
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
