@@ -1,10 +1,12 @@
 """Logit controls through the offline engine on a tiny random Llama (float32, CPU): greedy with
 repetition_penalty and bad words equal transformers' `generate`; presence/frequency equal a
 plain-Python reference over the model's own logits; and the controls give the same tokens
-across preemption, chunked prefill, prefix caching and parallel samples."""
+across preemption, chunked prefill, prefix caching, parallel samples and two tensor-parallel
+ranks."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import msgspec
@@ -37,7 +39,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def hf_generate(reference, prompt: list[int], num_tokens: int, **settings) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=reference.device)
     # An explicit mask: generate() would take token 0 (the tiny models' pad id) for padding.
     out = reference.generate(
         ids,
@@ -83,7 +85,8 @@ def penalised_reference(reference, prompt, outputs, presence, frequency) -> list
     """The model's logits before each output token, less OpenAI's penalties on the outputs
     before it (teacher-forced with our outputs)."""
     with torch.no_grad():
-        logits = reference(torch.tensor([prompt + outputs])).logits[0, len(prompt) - 1 : -1]
+        ids = torch.tensor([prompt + outputs], device=reference.device)
+        logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
     rows = []
     for i, row in enumerate(logits.tolist()):
         for token in set(outputs[:i]):
@@ -191,3 +194,28 @@ def test_logprobs_are_those_of_the_controlled_logits(tiny) -> None:
         expected = torch.log_softmax(torch.tensor(row), dim=-1)
         assert entry.logprob == pytest.approx(expected[entry.token_id].item(), abs=1e-4)
         assert list(entry.top_token_ids) == expected.topk(2).indices.tolist()
+
+
+def test_two_tensor_parallel_ranks_equal_one(tiny) -> None:
+    """Only the driver keeps the controls' state and samples; the peer runs the same plans (with
+    their controls and seen tokens) and takes the driver's tokens."""
+    from aioworker.wire.client import Client
+    from tests.workers import deployment, running
+
+    path, _, engine = tiny
+    batch = prompts(4, seed=10)
+    params = [CONTROLLED[i % 4] for i in range(4)]
+    expected = tokens(engine, batch, params)
+    config, set_args = deployment(
+        **{"model.path": str(path), **SETTINGS, "parallel.tensor_parallel_size": 2}
+    )
+
+    async def scenario():
+        async with Client.from_config(config) as client:
+            return await asyncio.gather(
+                *(client.generate(p, s) for p, s in zip(batch, params, strict=True))
+            )
+
+    with running(config, set_args):
+        completions = asyncio.run(scenario())
+    assert [c.token_ids for c in completions] == expected
