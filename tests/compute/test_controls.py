@@ -40,6 +40,11 @@ def random_ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(n)]
 
 
+def output_ids(outputs: list[int]) -> torch.Tensor:
+    """[1, n] token ids (n may be 0), as transformers' processors take them."""
+    return torch.tensor(outputs, dtype=torch.long).reshape(1, -1)
+
+
 def processed(state: SamplingControls, seq_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
     """The logits after process_logits for a batch whose row i is sequence seq_ids[i]."""
     out = logits.clone()
@@ -144,8 +149,7 @@ def test_bad_words_match_transformers_where_the_output_ends_with_their_prefix() 
 
     def expect(outputs):
         # The reference sees the output only (the prompt, [10, 20, 21], would ban 22 as well).
-        ids = torch.tensor([outputs or [VOCAB - 1]])
-        return lambda scores: reference(ids, scores)
+        return lambda scores: reference(output_ids(outputs), scores)
 
     check_batch(state, {r: expect(o) for r, o in cases.items()}, num_rows=9)
 
@@ -175,7 +179,7 @@ def reference_step(logits_row, outputs, prompt, c: LogitControls) -> torch.Tenso
     bias = SequenceBiasLogitsProcessor([[[t], b] for t, b in c.logit_bias.items()])
     scores = bias(seen, scores)
     scores = NoBadWordsLogitsProcessor(c.bad_words_token_ids, eos_token_id=None)(
-        torch.tensor([outputs or [VOCAB - 1]]), scores
+        output_ids(outputs), scores
     )
     scores = RepetitionPenaltyLogitsProcessor(c.repetition_penalty)(seen, scores)
     for token in set(outputs):
