@@ -122,6 +122,10 @@ class SamplingParams(
             raise InvalidRequestError(
                 f"min_p is {self.min_p}; it must be in [0, 1] (0 disables it)"
             )
+        self._validate_token_controls()
+
+    def _validate_token_controls(self) -> None:
+        """logit_bias, allowed_token_ids and bad words: their sizes bound each step's work."""
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidRequestError(
                 f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} "
@@ -150,6 +154,12 @@ class SamplingParams(
                 raise InvalidRequestError(
                     f"a bad word has {len(word)} tokens; each must have 1 to {MAX_BAD_WORD_TOKENS}"
                 )
+        banned = {word[0] for word in self.bad_words_token_ids if len(word) == 1}
+        if self.allowed_token_ids is not None and banned.issuperset(self.allowed_token_ids):
+            raise InvalidRequestError(
+                "every token of allowed_token_ids is also a bad word, so none could be sampled; "
+                "allow another token or drop a bad word"
+            )
 
     def token_ids_to_check(self) -> list[tuple[str, list[int]]]:
         """Every token id the request names, by field, for the vocabulary check at admission."""

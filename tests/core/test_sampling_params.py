@@ -59,6 +59,10 @@ def test_a_temperature_at_the_bound_is_sampled_as_asked() -> None:
         ({"allowed_token_ids": ()}, "allowed_token_ids has 0 ids"),
         ({"bad_words_token_ids": ((),)}, "a bad word has 0 tokens"),
         ({"bad_words_token_ids": (tuple(range(17)),)}, "a bad word has 17 tokens"),
+        (
+            {"allowed_token_ids": (3, 4), "bad_words_token_ids": ((4,), (3,), (3, 5))},
+            "every token of allowed_token_ids is also a bad word",
+        ),
     ],
 )
 def test_a_bad_logit_control_is_refused_naming_it(fields: dict, message: str) -> None:
