@@ -22,7 +22,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         help="drop tokens less likely than MIN_P times the likeliest one, after temperature "
         "(0-1; 0 = off)")  # fmt: skip
     add("--seed", type=int,
-        help="per-request seed: same tokens whatever the batch; -1 = no seed (the default)")  # fmt: skip
+        help="per-request seed: same tokens whatever the batch; -1 = no seed (the "
+        "default)")  # fmt: skip
     add("--ignore-eos", action="store_true", help="do not stop at the model's EOS token")
     add("--stop", action="append", default=[], metavar="TEXT",
         help="end the output where TEXT appears, without it (repeatable)")  # fmt: skip
@@ -35,12 +36,14 @@ def _add_control_arguments(sampling: argparse._ArgumentGroup) -> None:
         help="every token of the prompt or the output so far: a positive logit is divided by P, "
         "a negative one multiplied (P > 1 discourages repeats; 1 = off)")  # fmt: skip
     add("--presence-penalty", type=float, default=0.0, metavar="P",
-        help="subtract P from the logit of every token already in the output (-2 to 2; 0 = off)")  # fmt: skip
+        help="subtract P from the logit of every token already in the output "
+        "(-2 to 2; 0 = off)")  # fmt: skip
     add("--frequency-penalty", type=float, default=0.0, metavar="P",
         help="subtract P times the number of times a token is already in the output "
         "(-2 to 2; 0 = off)")  # fmt: skip
     add("--logit-bias", metavar="JSON",
-        help='add to the logits of some token ids, -100 to 100: \'{"50256": -100, "13": 5}\'')  # fmt: skip
+        help="add to the logits of some token ids, -100 to 100: "
+        '\'{"50256": -100, "13": 5}\'')  # fmt: skip
     add("--allowed-token-ids", metavar="JSON",
         help="sample only these token ids: '[1, 2, 3]'")  # fmt: skip
     add("--bad-words", action="append", default=[], metavar="TEXT",

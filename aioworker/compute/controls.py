@@ -94,7 +94,8 @@ class StepControls:
             offset += 2 * n
 
     def process_logits(self, logits: torch.Tensor) -> None:
-        """Masks, biases and penalties on the float32 logits [R, V], in place (before temperature)."""
+        """Masks, biases and penalties on the float32 logits [R, V], in place, before
+        temperature."""
         for index in (TOKEN_BIAS, BAD_WORDS, PENALTIES):
             if self.parts[index] is not None:
                 self.kinds[index].process_logits(logits, *self.parts[index])

@@ -1,8 +1,9 @@
 """Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
 
 Keeps, per running sequence, what plans send only once: its block table, prompt length and
-sampling settings (and, on the driver, the device state of its logit controls). A runner implements one method, `launch(plan) -> StepHandle`; this CPU runner
-finishes the step inside it, the CUDA runner only queues the step's work on the device.
+sampling settings (and, on the driver, the device state of its logit controls). A runner
+implements one method, `launch(plan) -> StepHandle`; this CPU runner finishes the step inside
+it, the CUDA runner only queues the step's work on the device.
 """
 
 from __future__ import annotations
