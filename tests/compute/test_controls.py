@@ -4,8 +4,10 @@ no control; their device state across steps and re-admission; and the sampler's 
 
 from __future__ import annotations
 
+import os
 import random
 
+import pytest
 import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
@@ -14,6 +16,9 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
 )
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from aioworker.compute.controls import SamplingControls
 from aioworker.compute.sampler import Sampler, SampleRow
@@ -265,13 +270,20 @@ def test_logprobs_see_the_controls_but_not_min_p() -> None:
     torch.testing.assert_close(logprobs.top_values, expected.topk(3).values)
 
 
-def test_draws_stay_inside_min_p() -> None:
-    probs = torch.tensor([0.5, 0.3, 0.12, 0.08])
-    seq = NewSeq(0, 1, settings(temperature=1.0, min_p=0.2), [0])
-    state = admitted(seq)
-    logits = probs.log().repeat(400, 1)
-    seq_ids = [0] * 400  # one sequence on every row: enough draws to see each kept token
-    tokens, _ = Sampler(0, DEVICE).sample(
-        logits, [SampleRow(seq.sampling, 1, 0)] * 400, state.for_step(seq_ids)
+@pytest.mark.parametrize("one_pass", [False, True], ids=["torch", "one-pass"])
+def test_draws_stay_inside_min_p_and_the_allowed_ids(one_pass: bool) -> None:
+    """Both draws (the one-pass kernel in Triton's interpreter on a CPU machine)."""
+    if one_pass:
+        pytest.importorskip("triton")
+    device = torch.device("cuda" if one_pass and torch.cuda.is_available() else "cpu")
+    probs = torch.tensor([0.4, 0.1, 0.24, 0.16, 0.06, 0.04])
+    seq = NewSeq(0, 1, settings(temperature=1.0, min_p=0.2, allowed_token_ids=[0, 2, 3, 4]), [0])
+    state = SamplingControls(device, 6)
+    state.admit(seq)
+    logits = probs.log().repeat(300, 1).to(device)
+    seq_ids = [0] * 300  # one sequence on every row: enough draws to see each kept token
+    tokens, _ = Sampler(0, device, one_pass=one_pass).sample(
+        logits, [SampleRow(seq.sampling, 1, 0)] * 300, state.for_step(seq_ids)
     )
-    assert set(tokens.tolist()) == {0, 1, 2}  # 0.08 < 0.2 * 0.5
+    # 1 is not allowed; 0.06 is below 0.2 * 0.4 (of the allowed, renormalised alike).
+    assert set(tokens.tolist()) == {0, 2, 3}
