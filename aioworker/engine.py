@@ -4,6 +4,9 @@ process. No sockets.
 with LLMEngine.from_config(load_config()) as engine:
     for completion in engine.generate(["Hello"], SamplingParams(max_tokens=32)):
         print(completion.text)
+
+Every sampling control of SamplingParams applies (penalties, min_p, logit_bias, allowed token
+ids, bad words); `bad_words` turns words given as text into the token ids it takes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.output_text import OutputText
 from aioworker.core.outputs import Completion, FinishReason, RequestOutput
-from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.sampling_params import SamplingParams, bad_words_token_ids
 from aioworker.core.scheduler import Scheduler
 
 
@@ -67,6 +70,18 @@ class LLMEngine:
         if chat:
             return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt)
+
+    def bad_words(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
+        """`SamplingParams.bad_words_token_ids` for words given as text: each one as written and
+        after a space, in this model's tokens."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                f"{self.loaded.model_dir} has no tokenizer.json; give bad_words_token_ids instead"
+            )
+        return bad_words_token_ids(
+            lambda text: tokenizer.encode(text, add_special_tokens=False), words
+        )
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None

@@ -102,6 +102,16 @@ def test_real_answer_paris(embedded_engine) -> None:
     assert completion.finish_reason is FinishReason.STOP  # stopped at <|im_end|>
 
 
+def test_bad_words_given_as_text_keep_paris_out(embedded_engine) -> None:
+    words = embedded_engine.bad_words(["Paris"])
+    encode = embedded_engine.tokenizer.encode
+    assert words == tuple(tuple(encode(t, add_special_tokens=False)) for t in ("Paris", " Paris"))
+    prompt = embedded_engine.encode("What is the capital of France?", chat=True)
+    params = SamplingParams(temperature=0.0, max_tokens=48, bad_words_token_ids=words)
+    [completion] = embedded_engine.generate([prompt], params)
+    assert completion.text and "Paris" not in completion.text
+
+
 def boundary_stop(tokenizer, token_ids: list[int]) -> tuple[str, int]:
     """A stop string made of the end of one token's text and the start of the next's, first
     seen there; and the index of the token that completes it."""

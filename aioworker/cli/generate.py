@@ -12,13 +12,14 @@ import sys
 from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.cli.connect import add_connect_argument
 from aioworker.cli.generate_output import ResultPrinter
+from aioworker.cli.generate_sampling import add_sampling_arguments, sampling_params
 from aioworker.config import ConfigError
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_prompt_arguments(parser)
-    _add_sampling_arguments(parser)
+    add_sampling_arguments(parser)
     _add_output_arguments(parser)
     remote = parser.add_argument_group("remote (a running deployment instead of this process)")
     add_connect_argument(remote, "send the prompts to a running deployment")
@@ -46,36 +47,6 @@ def _add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    sampling = parser.add_argument_group("sampling")
-    sampling.add_argument(
-        "--max-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)"
-    )
-    sampling.add_argument(
-        "--min-tokens", type=int, default=0, help="tokens before a stop token may end it"
-    )
-    sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    sampling.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]"
-    )
-    sampling.add_argument(
-        "--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = all"
-    )
-    sampling.add_argument(
-        "--seed", type=int, help="per-request seed: same tokens whatever the batch"
-    )
-    sampling.add_argument(
-        "--ignore-eos", action="store_true", help="do not stop at the model's EOS token"
-    )
-    sampling.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="end the output where TEXT appears, without it (repeatable)",
-    )
-
-
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object per prompt")
@@ -96,24 +67,12 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         prompts = _prompts(args)
-        params = SamplingParams(
-            max_tokens=args.max_tokens,
-            min_tokens=args.min_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            ignore_eos=args.ignore_eos,
-            stop=tuple(args.stop),
-            logprobs=args.logprobs,
-            prompt_logprobs=args.prompt_logprobs,
-        )
-        params.validate()  # before the model loads, so a typo fails fast
+        config = config_from_args(args)
+        params = sampling_params(args, config)
         if not args.json and (args.logprobs is not None or args.prompt_logprobs is not None):
             raise ValueError("--logprobs and --prompt-logprobs show only with --json; add it")
         if not 0 < args.timeout <= 7 * 86400:
             raise ValueError(f"--timeout {args.timeout:g}: give seconds, more than 0, up to a week")
-        config = config_from_args(args)
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
     if args.connect is not None:

@@ -19,7 +19,7 @@ DEADLINE_SLACK_S = 5.0
 
 
 def run_remote(args, config: WorkerConfig, prompts: list, params: SamplingParams) -> int:
-    tokenizer = _tokenizer(config)
+    tokenizer = load_tokenizer(config)
     try:
         token_prompts = [_encode(tokenizer, p, args.chat) for p in prompts]
         client = client_for(args.connect, config)
@@ -57,7 +57,8 @@ async def _run(
         await asyncio.gather(*(consume(i, s) for i, s in enumerate(streams)))
 
 
-def _tokenizer(config: WorkerConfig) -> Tokenizer | None:
+def load_tokenizer(config: WorkerConfig) -> Tokenizer | None:
+    """The model's tokenizer, or None where its directory has no tokenizer.json."""
     from aioworker.checkpoint.source import resolve_model_path
 
     model_dir = resolve_model_path(config.model.path)

@@ -139,7 +139,8 @@ class CudaModelRunner(ModelRunner):
         tokens = None
         if sample_rows:
             if self.tp.is_driver:
-                tokens, extra.tokens = self.sampler.sample(logits, sample_rows)
+                controls = self.step_controls(plan)
+                tokens, extra.tokens = self.sampler.sample(logits, sample_rows, controls)
             tokens = self.share_samples(tokens, len(sample_rows))
             # The next plan's PENDING_TOKEN inputs are read from here, on the device.
             self.last_tokens.index_copy_(0, sampled_rows, tokens)

@@ -1,6 +1,7 @@
 """Size the GPU KV cache from measured memory: after loading, run the largest step the scheduler
-may issue (a prefill of max_num_batched_tokens, and sampling for max_num_seqs rows), take the
-peak, and give the cache what is left of `gpu_memory_utilization` of the device."""
+may issue (a prefill of max_num_batched_tokens, and sampling for max_num_seqs rows with every
+logit control on), take the peak, and give the cache what is left of `gpu_memory_utilization`
+of the device."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block
 from aioworker.compute.sampler import SampleRow
-from aioworker.core.plan import NewSeq, SamplingSettings, StepPlan
+from aioworker.core.plan import LogitControls, NewSeq, SamplingSettings, StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,25 @@ def _largest_prefill(num_tokens: int, block_size: int, max_len: int) -> StepPlan
 
 
 def _largest_sampling(runner, vocab_size: int, num_rows: int, device) -> None:
-    # top-p makes the sampler sort the whole vocabulary: its largest working set.
-    nucleus = SamplingSettings(1.0, 0, 0.9, None, 0, [])
+    """Every row with every control (their per-sequence state, for max_num_seqs sequences,
+    counts in the peak), a temperature, min_p, and top-p, which sorts the whole vocabulary:
+    the sampler's largest working set."""
+    controls = LogitControls(
+        repetition_penalty=1.1,
+        presence_penalty=0.1,
+        frequency_penalty=0.1,
+        min_p=0.01,
+        logit_bias={0: 1.0},
+        bad_words_token_ids=[[0], [0, 1]],
+    )
+    nucleus = SamplingSettings(0.7, 0, 0.9, None, 0, [], controls=controls)
+    seq_ids = [-1 - i for i in range(num_rows)]
+    for seq_id in seq_ids:
+        runner.controls.admit(NewSeq(seq_id, 1, nucleus, [1]))
     logits = torch.randn(num_rows, vocab_size, device=device)
-    runner.sampler(logits, [SampleRow(nucleus, 1, 1)] * num_rows)
+    rows = [SampleRow(nucleus, 1, 1)] * num_rows
+    runner.sampler.sample(logits, rows, runner.controls.for_step(seq_ids))
+    runner.controls.release(seq_ids)
 
 
 def _graph_reserve(config, model_config, dtype) -> int:

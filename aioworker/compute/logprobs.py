@@ -2,8 +2,9 @@
 alternatives, computed in the step that samples and copied to the host with its tokens.
 
 Both are taken under the distribution a token is sampled from: the logits divided by the
-request's temperature (1 for greedy requests), after min_tokens masking, before top-k and top-p
-truncation. Prompt tokens are scored the same way, without the masking.
+request's temperature (1 for greedy requests), after min_tokens masking and the logit controls'
+masks, biases and penalties, before the min_p, top-k and top-p truncations. Prompt tokens are
+scored the same way, without the masking and the controls.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def prompt_spans(plan: StepPlan, seqs: dict) -> list[PromptSpan]:
         k = state.sampling.prompt_logprobs
         end = min(start + num_tokens, state.num_prompt_tokens - 1)
         if k >= 0 and end > start:
-            targets = state.prompt_token_ids[start + 1 : end + 1]
+            targets = state.token_ids[start + 1 : end + 1]
             temperature = state.sampling.temperature or 1.0
             spans.append(PromptSpan(seq_id, offset, start + 1, targets, k, temperature))
         offset += num_tokens

@@ -1,18 +1,21 @@
 """Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
 
 Keeps, per running sequence, what plans send only once: its block table, prompt length and
-sampling settings. A runner implements one method, `launch(plan) -> StepHandle`; this CPU runner
-finishes the step inside it, the CUDA runner only queues the step's work on the device.
+sampling settings (and, on the driver, the device state of its logit controls). A runner
+implements one method, `launch(plan) -> StepHandle`; this CPU runner finishes the step inside
+it, the CUDA runner only queues the step's work on the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from aioworker.compute.controls import SamplingControls, StepControls
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
 from aioworker.compute.logprobs import StepLogprobs, prompt_spans, score_prompts
@@ -31,7 +34,8 @@ class _SeqState:
     num_prompt_tokens: int
     sampling: SamplingSettings
     last_sampled: int = PENDING_TOKEN  # fills the next plan's PENDING_TOKEN input
-    prompt_token_ids: list[int] | None = None  # only where prompt logprobs are asked for
+    # Prompt (then outputs) where prompt logprobs or logit controls need them (NewSeq.token_ids).
+    token_ids: list[int] | None = None
 
 
 class StepHandle(Protocol):
@@ -77,6 +81,8 @@ class ModelRunner:
         self.seqs: dict[int, _SeqState] = {}
         # Sequences that asked for prompt logprobs: steps without any skip looking for them.
         self.scoring_prompts: set[int] = set()
+        # Only the driver samples, so only it keeps the controls' state.
+        self.controls = SamplingControls(device, model.lm_head.vocab_size)
         self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
 
     def drop_graphs(self) -> None:
@@ -113,7 +119,8 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[inputs.sample_idx])
             tokens = None
             if self.tp.is_driver:
-                tokens, extra.tokens = self.sampler.sample(logits, inputs.sample_rows)
+                controls = self.step_controls(plan)
+                tokens, extra.tokens = self.sampler.sample(logits, inputs.sample_rows, controls)
             token_list = self.share_samples(tokens, num_rows).tolist()
             self.remember_samples(plan, token_list)
         if not self.tp.is_driver:
@@ -126,6 +133,12 @@ class ModelRunner:
         ]
         for seq_id, token in zip(sampled_ids, token_ids, strict=True):
             self.seqs[seq_id].last_sampled = token
+
+    def step_controls(self, plan: StepPlan) -> StepControls | None:
+        """The rows of this step's sampling that use logit controls (one check when none can)."""
+        if not self.controls:
+            return None
+        return self.controls.for_step(compress(plan.seq_ids, plan.sample))
 
     def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
         """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the
@@ -157,12 +170,16 @@ class ModelRunner:
         for seq_id in plan.released_seq_ids:
             self.seqs.pop(seq_id, None)
             self.scoring_prompts.discard(seq_id)
+        if self.controls:
+            self.controls.release(plan.released_seq_ids)
         for new in plan.new_seqs:
             self.seqs[new.seq_id] = _SeqState(
-                [], new.num_prompt_tokens, new.sampling, prompt_token_ids=new.prompt_token_ids
+                [], new.num_prompt_tokens, new.sampling, token_ids=new.token_ids
             )
             if new.sampling.prompt_logprobs >= 0:
                 self.scoring_prompts.add(new.seq_id)
+            if new.sampling.controls is not None and self.tp.is_driver:
+                self.controls.admit(new)
         for seq_id, block_ids in zip(plan.seq_ids, plan.new_block_ids, strict=True):
             state = self.seqs.get(seq_id)
             if state is None:

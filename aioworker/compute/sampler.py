@@ -1,5 +1,6 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking, and
-the sampled tokens' logprobs (compute/logprobs.py).
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking, the
+logit controls of compute/controls.py where a step's rows use them, and the sampled tokens'
+logprobs (compute/logprobs.py).
 
 Sampling draws Exp(1) noise and takes argmax(p / noise), which picks token i with probability
 p_i. A seeded request draws its noise from a key derived from (seed, position of the token), so
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from aioworker.compute.controls import StepControls
 from aioworker.compute.logprobs import LogprobTensors, token_logprobs
+from aioworker.compute.small_copies import to_device
 from aioworker.core.plan import SamplingSettings
 
 _MASK64 = (1 << 64) - 1
@@ -62,11 +65,14 @@ class Sampler:
         return self.sample(logits, rows)[0]
 
     def sample(
-        self, logits: torch.Tensor, rows: list[SampleRow]
+        self, logits: torch.Tensor, rows: list[SampleRow], controls: StepControls | None = None
     ) -> tuple[torch.Tensor, LogprobTensors | None]:
-        """The sampled token ids, and their logprobs where any row asked for them."""
+        """The sampled token ids, and their logprobs where any row asked for them. `controls`:
+        the step's rows that use logit controls (None where none does)."""
         logits = logits.float()
         _mask_stop_tokens(logits, rows)
+        if controls is not None:
+            controls.process_logits(logits)
         k = max(row.sampling.logprobs for row in rows)
         if all(row.sampling.temperature == 0.0 for row in rows):
             token_ids, scaled = logits.argmax(dim=-1), logits  # temperature 1 for logprobs
@@ -74,26 +80,33 @@ class Sampler:
             temperatures = [row.sampling.temperature or 1.0 for row in rows]
             scaled = logits  # temperature 1 everywhere (GRPO's default) skips a pass
             if any(t != 1.0 for t in temperatures):
-                scaled = logits / _on(logits.device, temperatures)[:, None]
-            token_ids = self._draw(logits, scaled, rows)
+                scaled = logits / to_device(logits.device, temperatures)[:, None]
+            token_ids = self._draw(logits, scaled, rows, controls)
+        if controls is not None:
+            controls.record(token_ids)
         if k < 0:
             return token_ids, None
         return token_ids, token_logprobs(scaled, token_ids, k)
 
     def _draw(
-        self, logits: torch.Tensor, scaled: torch.Tensor, rows: list[SampleRow]
+        self,
+        logits: torch.Tensor,
+        scaled: torch.Tensor,
+        rows: list[SampleRow],
+        controls: StepControls | None,
     ) -> torch.Tensor:
         """`scaled`: logits / temperature, 1 where greedy (those rows take the argmax)."""
-        truncated = _apply_top_k_top_p(scaled, rows)
+        truncated = scaled if controls is None else controls.truncate(scaled)
+        truncated = _apply_top_k_top_p(truncated, rows)
         if self.draw_rows is not None:
-            sampled_ids = self.draw_rows(truncated, _on(logits.device, self._keys(rows)))
+            sampled_ids = self.draw_rows(truncated, to_device(logits.device, self._keys(rows)))
         else:
             probs = torch.softmax(truncated, dim=-1)
             sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
         is_greedy = [row.sampling.temperature == 0.0 for row in rows]
         if not any(is_greedy):
             return sampled_ids
-        return torch.where(_on(logits.device, is_greedy), logits.argmax(dim=-1), sampled_ids)
+        return torch.where(to_device(logits.device, is_greedy), logits.argmax(dim=-1), sampled_ids)
 
     def _keys(self, rows: list[SampleRow]) -> list[int]:
         """Each row's 63-bit noise key: from (seed, position) where seeded, else fresh."""
@@ -115,19 +128,10 @@ class Sampler:
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
 
 
-def _on(device: torch.device, values: list) -> torch.Tensor:
-    """A small tensor on `device` without blocking the host: a pageable copy would wait for
-    the steps already queued on the stream, and the next step is launched behind this one."""
-    tensor = torch.tensor(values)
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
-
-
 def _mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     for i, row in enumerate(rows):
         if row.num_output_tokens < row.sampling.min_tokens and row.sampling.stop_token_ids:
-            logits[i, _on(logits.device, row.sampling.stop_token_ids)] = float("-inf")
+            logits[i, to_device(logits.device, row.sampling.stop_token_ids)] = float("-inf")
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -137,12 +141,12 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Ten
         return logits
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True, stable=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-    k = _on(logits.device, [k or logits.shape[-1] for k in top_k])[:, None]
+    k = to_device(logits.device, [k or logits.shape[-1] for k in top_k])[:, None]
     sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
     sorted_probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     # top_p == 1 must keep everything, even where rounding pushes the cumulative mass past 1.
-    p = _on(logits.device, [p if p < 1.0 else float("inf") for p in top_p])[:, None]
+    p = to_device(logits.device, [p if p < 1.0 else float("inf") for p in top_p])[:, None]
     # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
     sorted_logits = sorted_logits.masked_fill(mass_before >= p, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_ids, sorted_logits)

@@ -17,6 +17,33 @@ from aioworker.core.outputs import TokenLogprobs
 PENDING_TOKEN = -1
 
 
+class LogitControls(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    """The controls a sequence's logits go through before sampling (SamplingParams has their
+    meaning); present only where at least one is on."""
+
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] = {}
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] = []
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler needs the tokens the sequence has seen: penalties count them, and
+        a bad word of several tokens is matched against the latest outputs."""
+        return self.uses_penalties or any(len(word) > 1 for word in self.bad_words_token_ids)
+
+
 class SamplingSettings(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     temperature: float
     top_k: int
@@ -29,15 +56,19 @@ class SamplingSettings(msgspec.Struct, array_like=True, frozen=True, forbid_unkn
     logprobs: int = -1
     # The same for prompt tokens (-1: none, or all already computed before a preemption).
     prompt_logprobs: int = -1
+    # None for a sequence that uses no logit control: one byte in its plan, no work per step.
+    controls: LogitControls | None = None
 
 
 class NewSeq(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     seq_id: int
     num_prompt_tokens: int
     sampling: SamplingSettings
-    # Only where prompt logprobs are asked for: each prompt position is scored against the next
-    # prompt token, which a chunk's own inputs do not always hold.
-    prompt_token_ids: list[int] = []
+    # Only where they are needed, else empty. Prompt logprobs score each prompt position against
+    # the next prompt token, which a chunk's own inputs do not always hold: the prompt. Penalties
+    # and bad words of several tokens start from what the sequence has seen, which a plan's
+    # inputs miss (a cached prefix, outputs before a preemption): the prompt, then every output.
+    token_ids: list[int] = []
 
 
 class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -6,6 +6,7 @@ A msgspec Struct so it can travel on the wire unchanged; `validate` names the ba
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgspec
 
@@ -121,6 +122,10 @@ class SamplingParams(
             raise InvalidRequestError(
                 f"min_p is {self.min_p}; it must be in [0, 1] (0 disables it)"
             )
+        self._validate_token_controls()
+
+    def _validate_token_controls(self) -> None:
+        """logit_bias, allowed_token_ids and bad words: their sizes bound each step's work."""
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidRequestError(
                 f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} "
@@ -149,6 +154,12 @@ class SamplingParams(
                 raise InvalidRequestError(
                     f"a bad word has {len(word)} tokens; each must have 1 to {MAX_BAD_WORD_TOKENS}"
                 )
+        banned = {word[0] for word in self.bad_words_token_ids if len(word) == 1}
+        if self.allowed_token_ids is not None and banned.issuperset(self.allowed_token_ids):
+            raise InvalidRequestError(
+                "every token of allowed_token_ids is also a bad word, so none could be sampled; "
+                "allow another token or drop a bad word"
+            )
 
     def token_ids_to_check(self) -> list[tuple[str, list[int]]]:
         """Every token id the request names, by field, for the vocabulary check at admission."""
@@ -184,3 +195,20 @@ class SamplingParams(
         """Temperatures below GREEDY_BELOW sample greedily: dividing float32 logits by them
         overflows, and the distribution they ask for is the argmax anyway."""
         return self.temperature < GREEDY_BELOW
+
+
+def bad_words_token_ids(
+    encode: Callable[[str], list[int]], words: list[str]
+) -> tuple[tuple[int, ...], ...]:
+    """`bad_words_token_ids` for words given as text: each word as written and after a space,
+    since a BPE vocabulary spells a word differently inside a sentence (" York") than at its
+    start ("York"). `encode`: text -> token ids, without special tokens."""
+    found: dict[tuple[int, ...], None] = {}
+    for word in words:
+        if not word.strip():
+            raise InvalidRequestError("a bad word is empty; give some text")
+        for text in (word, " " + word):
+            token_ids = tuple(encode(text))
+            if token_ids:
+                found[token_ids] = None
+    return tuple(found)

@@ -13,7 +13,15 @@ from collections import deque
 
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.outputs import FinishReason, RequestOutput
-from aioworker.core.plan import PENDING_TOKEN, NewSeq, SamplingSettings, StepPlan, StepResult
+from aioworker.core.plan import (
+    PENDING_TOKEN,
+    LogitControls,
+    NewSeq,
+    SamplingSettings,
+    StepPlan,
+    StepResult,
+)
+from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.sequence import SeqStatus, Sequence
 
 
@@ -346,6 +354,7 @@ def _with_logprobs(out: RequestOutput, seq: Sequence, entry) -> RequestOutput:
 def _new_seq(seq: Sequence) -> NewSeq:
     params = seq.params
     scores_prompt = seq.needs_prompt_logprobs
+    controls = _logit_controls(params)
     settings = SamplingSettings(
         temperature=0.0 if params.is_greedy else params.temperature,
         top_k=params.top_k,
@@ -355,6 +364,32 @@ def _new_seq(seq: Sequence) -> NewSeq:
         stop_token_ids=sorted(seq.stop_token_ids) if params.min_tokens else [],
         logprobs=-1 if params.logprobs is None else params.logprobs,
         prompt_logprobs=params.prompt_logprobs if scores_prompt else -1,
+        controls=controls,
     )
-    prompt = seq.token_ids[: seq.num_prompt_tokens] if scores_prompt else []
-    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings, prompt)
+    if controls is not None and controls.needs_history:
+        token_ids = list(seq.token_ids)  # a copy: the offline executor reads it on its thread
+    elif scores_prompt:
+        token_ids = seq.token_ids[: seq.num_prompt_tokens]
+    else:
+        token_ids = []
+    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings, token_ids)
+
+
+_NO_CONTROLS = LogitControls()
+
+
+def _logit_controls(params: SamplingParams) -> LogitControls | None:
+    """The request's logit controls, or None where every one is off (most requests)."""
+    controls = LogitControls(
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        # A greedy draw always keeps the likeliest token, which is all min_p could keep.
+        min_p=0.0 if params.is_greedy else params.min_p,
+        logit_bias=dict(params.logit_bias),
+        allowed_token_ids=(
+            None if params.allowed_token_ids is None else list(params.allowed_token_ids)
+        ),
+        bad_words_token_ids=[list(word) for word in params.bad_words_token_ids],
+    )
+    return None if controls == _NO_CONTROLS else controls

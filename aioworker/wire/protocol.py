@@ -19,10 +19,9 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 
 # 2: outputs are core RequestOutputs; weights phases travel as one core WeightsPhase.
 # 3: logprobs, stop strings and error kinds. 4: parallel samples (n, sample_index) and prefix
-# cache figures in heartbeats. 5: the driver's max_model_len in heartbeats, and a submit's
-# reply_to before its prompt (wire/submit_head.py).
-# MERGE NOTE: the sampling branch also bumps this (plan and SamplingParams shapes); when both
-# land, take the higher number plus one and list both changes above.
+# cache figures in heartbeats. 5: the driver's max_model_len in heartbeats; a submit's reply_to
+# before its prompt (wire/submit_head.py); logit controls in SamplingParams and the plan's
+# sampling settings; NewSeq carries the tokens seen where penalties or bad words need them.
 PROTOCOL_VERSION = 5
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 

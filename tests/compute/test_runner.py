@@ -3,13 +3,16 @@ returns, and execute is launch(plan).result() for every runner."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import msgspec
 import pytest
 
 from aioworker.compute.runner import CompletedStep, ModelRunner
-from aioworker.core.plan import StepPlan
+from aioworker.core.plan import LogitControls, NewSeq, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
-from tests.plans import empty_plan, prefill_plan
+from tests.plans import GREEDY, empty_plan, prefill_plan
 from tests.tiny_models import build_tiny_model
 
 PROMPT = [5, 17, 42, 8, 99, 3]
@@ -62,3 +65,29 @@ def test_the_cuda_runner_implements_launch_only() -> None:
     assert "launch" in vars(CudaModelRunner)
     assert CudaModelRunner.execute is ModelRunner.execute
     assert not hasattr(CudaModelRunner, "decode_forward")
+
+
+def test_only_the_driver_keeps_the_state_of_logit_controls(tiny_engine) -> None:
+    """Peers never sample: a plan that admits a sequence with controls leaves them no state."""
+    runner = tiny_engine.executor.runner
+    controlled = msgspec.structs.replace(
+        GREEDY, controls=LogitControls(repetition_penalty=1.3, bad_words_token_ids=[[5, 6]])
+    )
+    plan = msgspec.structs.replace(
+        prefill(-1, -1), new_seqs=[NewSeq(-1, len(PROMPT), controlled, PROMPT)]
+    )
+
+    def admit_then_release(is_driver: bool) -> int:
+        tp, runner.tp = runner.tp, SimpleNamespace(is_driver=is_driver, size=1)
+        try:
+            runner.apply_plan_state(plan)
+            kept = len(runner.controls)
+            runner.apply_plan_state(release(-2, -1))
+        finally:
+            runner.tp = tp
+        return kept
+
+    kept = [
+        tiny_engine.executor.call(lambda d=d: admit_then_release(d)).result() for d in (True, False)
+    ]
+    assert kept == [1, 0] and len(runner.controls) == 0

@@ -94,6 +94,48 @@ def test_newest_running_sequence_is_preempted_and_recomputed() -> None:
     assert [n.seq_id for n in plan.new_seqs] == [1]
 
 
+def new_seq_of(sched: Scheduler, seq_id: int, prompt_len: int, **params):
+    add(sched, seq_id, prompt_len, **params)
+    plan, _ = run_step(sched)
+    [new] = [n for n in plan.new_seqs if n.seq_id == seq_id]
+    return new
+
+
+def test_a_plan_carries_logit_controls_and_seen_tokens_only_where_needed() -> None:
+    sched = make(num_blocks=64)
+    prompt = list(range(5))
+    plain = new_seq_of(sched, 0, 5)
+    assert plain.sampling.controls is None and plain.token_ids == []
+    # min_p changes nothing for a greedy request: no controls at all.
+    assert new_seq_of(sched, 1, 5, temperature=0.0, min_p=0.3).sampling.controls is None
+    biased = new_seq_of(sched, 2, 5, logit_bias={3: 2.0}, bad_words_token_ids=((4,),))
+    assert biased.sampling.controls.logit_bias == {3: 2.0} and biased.token_ids == []
+    assert biased.sampling.controls.bad_words_token_ids == [[4]]
+    # Penalties and bad words of several tokens start from what the sequence has seen.
+    penalised = new_seq_of(sched, 3, 5, presence_penalty=0.5)
+    assert penalised.sampling.controls.presence_penalty == 0.5 and penalised.token_ids == prompt
+    assert new_seq_of(sched, 4, 5, bad_words_token_ids=((4, 5),)).token_ids == prompt
+    assert new_seq_of(sched, 5, 5, prompt_logprobs=1).token_ids == prompt
+
+
+def test_a_preempted_sequence_with_penalties_is_readmitted_with_its_outputs() -> None:
+    sched = make(num_blocks=4, block_size=4)
+    old = add(sched, 0, prompt_len=8, max_tokens=3)
+    new = add(sched, 1, prompt_len=7, max_tokens=3, repetition_penalty=1.2)
+    plan, _ = run_step(sched, token=11)
+    assert plan.new_seqs[1].token_ids == list(range(7))
+    run_step(sched, token=12)  # old needs a third block: new is preempted after one output
+    while old.seq_id in sched.seqs:
+        run_step(sched, token=13)
+    assert sched.num_preemptions == 1
+    plan, _ = run_step(sched, token=14)
+    [readmitted] = plan.new_seqs
+    assert readmitted.seq_id == 1 and readmitted.token_ids == new.token_ids[:-1]
+    assert readmitted.token_ids[7:] == new.output_token_ids[:-1] and len(readmitted.token_ids) > 7
+    # A copy: the scheduler appending the step's token does not reach the plan.
+    assert readmitted.token_ids is not new.token_ids
+
+
 def test_abort_frees_blocks_immediately_and_is_released() -> None:
     sched = make()
     seq = add(sched, 0, prompt_len=10)

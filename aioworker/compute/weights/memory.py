@@ -50,6 +50,9 @@ class DeviceMemory:
         if kv_cache and not self.cache_released:
             for layer in self.runner.model.attention_layers():
                 layer.k_cache = layer.v_cache = torch.empty(0)
+            # Every sequence was preempted with the cache (runtime/weights.py): the state of
+            # its logit controls is rebuilt when it is admitted again.
+            self.runner.controls.release(list(self.runner.controls.seqs))
             self.cache_released = True
         if weights and self.offloaded is None:
             self.offloaded = self._offload_weights()

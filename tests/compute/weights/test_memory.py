@@ -1,14 +1,18 @@
 """Releasing memory on the CPU frees the weights (they already live in host memory, so they must
-go somewhere else), and resuming restores them bit for bit."""
+go somewhere else), and resuming restores them bit for bit; releasing the cache frees the
+sequences' sampler state too."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
+from aioworker.core.plan import LogitControls, NewSeq
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.weights_phase import WeightsPhase
 from tests.conftest import make_engine
+from tests.plans import GREEDY as GREEDY_SETTINGS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROBES = [[1, 2, 3, 4], [20, 30, 40]]
@@ -40,3 +44,18 @@ def test_release_frees_the_weights_and_resume_restores_them(engine) -> None:
     run(engine, "resume")
     assert all(torch.equal(params[name].data, saved[name]) for name in params)
     assert [c.token_ids for c in engine.generate(PROBES, GREEDY)] == tokens
+
+
+def test_releasing_the_cache_frees_the_state_of_logit_controls(engine) -> None:
+    """The sequences go with the cache (preempted, rebuilt when re-admitted); a release of the
+    weights alone keeps them running, state and all."""
+    controls = engine.executor.runner.controls
+    settings = msgspec.structs.replace(GREEDY_SETTINGS, controls=LogitControls(min_p=0.1))
+    admit = engine.executor.call(lambda: controls.admit(NewSeq(-7, 1, settings, [1])))
+    admit.result()
+    run(engine, "release", weights=True, kv_cache=False)
+    run(engine, "resume")
+    assert len(controls) == 1
+    run(engine, "release", weights=False, kv_cache=True)
+    run(engine, "resume")
+    assert len(controls) == 0 and controls.kinds[-1].pool.tensors == {}
