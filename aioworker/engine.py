@@ -153,7 +153,12 @@ class LLMEngine:
         return list(completions.values())
 
     def close(self) -> None:
-        self.executor.shutdown()
+        """Stop the executor and let the model and KV cache go, even while this object lives
+        on (a test framework keeps its fixtures' values to the end of the session)."""
+        stopped = self.executor.shutdown()
+        uninstall = getattr(self.executor, "uninstall", None)
+        if stopped and uninstall is not None:
+            uninstall()
 
     def __enter__(self) -> LLMEngine:
         return self

@@ -99,10 +99,10 @@ def make_engine(model_dir: Path, max_model_len: int, **overrides):
 
 
 def free(engine) -> None:
-    engine.close()
-    for layer in engine.executor.runner.model.attention_layers():
+    layers = engine.executor.runner.model.attention_layers()
+    engine.close()  # forgets the runner and weights
+    for layer in layers:
         layer.k_cache = layer.v_cache = torch.empty(0)
-    engine.executor.uninstall()
     gc.collect()
     torch.cuda.empty_cache()
 
