@@ -54,3 +54,13 @@ def test_rank_hosts_place_each_groups_sockets_on_its_driver() -> None:
     group1 = group_endpoints(cfg.runtime, 1, 2)  # global ranks 2 and 3
     assert group1.tasks == "tcp://10.0.0.3:5007" and group1.dist_init == "tcp://10.0.0.3:5011"
     assert group1.heartbeats == ("tcp://10.0.0.3:5012", "tcp://10.0.0.4:5013")
+
+
+def test_the_step_token_budget_is_chosen_by_device_unless_given() -> None:
+    options = load_config().scheduler
+    assert options.step_token_budget("cpu") == 256
+    assert options.step_token_budget("cuda:1") == options.step_token_budget("cuda") == 2048
+    given = load_config(overrides={"scheduler.max_num_batched_tokens": 512}).scheduler
+    assert given.step_token_budget("cpu") == given.step_token_budget("cuda") == 512
+    with pytest.raises(ConfigError, match="max_num_batched_tokens is -1"):
+        load_config(overrides={"scheduler.max_num_batched_tokens": -1})

@@ -34,7 +34,7 @@ class MemoryProfile:
 def profile_num_blocks(runner_factory, model, config, model_config, dtype, device) -> MemoryProfile:
     """`runner_factory(num_blocks)` builds a runner over a cache of that many blocks (graphs off)."""
     block_size = config.cache.block_size
-    num_tokens = config.scheduler.max_num_batched_tokens
+    num_tokens = config.scheduler.step_token_budget(device.type)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free_before, total = torch.cuda.mem_get_info(device)

@@ -59,7 +59,10 @@ class EngineCore:
             num_blocks or loaded.num_blocks, loaded.block_size, enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            blocks, options.max_num_seqs, options.max_num_batched_tokens, loaded.max_model_len
+            blocks,
+            options.max_num_seqs,
+            options.step_token_budget(loaded.device),
+            loaded.max_model_len,
         )
         self.in_flight: collections.deque[InFlightStep] = collections.deque()
         # Stamped on every output: which weights produced it.
