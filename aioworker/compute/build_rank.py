@@ -176,13 +176,16 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     num_blocks = _num_blocks(
         config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
     )
-    allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device)
     backend = TorchAttentionBackend(config.cache.block_size, build.model_config.sliding_window)
+
+    def allocate_cache() -> None:
+        allocate_kv_cache(
+            layers, num_blocks, config.cache.block_size, build.dtype, device, backend.cache_shape
+        )
+
+    allocate_cache()
     runner = ModelRunner(model, backend, Sampler(config.model.seed, device), device, build.tp)
-    weights = RankWeights(
-        runner,
-        lambda: allocate_kv_cache(layers, num_blocks, config.cache.block_size, build.dtype, device),
-    )
+    weights = RankWeights(runner, allocate_cache)
     return runner, weights, num_blocks
 
 

@@ -1,5 +1,11 @@
-"""Paged attention with torch's scaled_dot_product_attention: one batched call for all decodes,
-one call per prefill chunk. Runs anywhere; used on the CPU and as the GPU reference."""
+"""Paged attention in plain torch: one batched computation for all decodes, one
+scaled_dot_product_attention call per prefill chunk. Runs anywhere; used on the CPU and as the GPU
+reference.
+
+Its cache is head-outer, [num_kv_heads, num_blocks, block_size, head_dim] per layer: the blocks
+gathered for a decode batch are then already [kv head, sequence, position, dim], the batched
+matrices of the two products, so no copy reorders them (on the CPU the reordering copies took
+more time than the products themselves: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ class TorchAttentionMetadata:
     decode_token_idx: torch.Tensor | None  # [B] rows of the batch that decode one token
     decode_is_whole_batch: bool
     decode_block_ids: torch.Tensor | None  # [B * max_blocks] each decode's block table, padded
-    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] visible positions
+    # 0 where visible, -inf where not: [1, B, 1, max_blocks * block_size], float32
+    decode_bias: torch.Tensor | None
     prefills: list[PrefillChunk]
 
 
@@ -39,6 +46,12 @@ class TorchAttentionBackend:
         self.block_size = block_size
         self.sliding_window = sliding_window
 
+    @staticmethod
+    def cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (num_kv_heads, num_blocks, block_size, head_dim)
+
     def build_metadata(self, seqs: list[SeqSlots], device: torch.device) -> TorchAttentionMetadata:
         decode_rows = [i for i, s in enumerate(seqs) if s.num_tokens == 1]
         token_starts = _token_starts(seqs)
@@ -47,9 +60,9 @@ class TorchAttentionBackend:
             for i in range(len(seqs))
             if seqs[i].num_tokens > 1
         ]
-        decode_block_ids = decode_mask = decode_idx = None
+        decode_block_ids = decode_bias = decode_idx = None
         if decode_rows:
-            decode_block_ids, decode_mask = self._decode_context(
+            decode_block_ids, decode_bias = self._decode_context(
                 [seqs[i] for i in decode_rows], device
             )
             decode_idx = torch.tensor([token_starts[i] for i in decode_rows], device=device)
@@ -58,7 +71,7 @@ class TorchAttentionBackend:
             decode_token_idx=decode_idx,
             decode_is_whole_batch=len(decode_rows) == len(seqs),
             decode_block_ids=decode_block_ids,
-            decode_mask=decode_mask,
+            decode_bias=decode_bias,
             prefills=prefills,
         )
 
@@ -73,8 +86,9 @@ class TorchAttentionBackend:
             block_ids[row, : len(used)] = torch.tensor(used, dtype=torch.long)
         key_pos = torch.arange(max_blocks * self.block_size)[None, :]
         query_pos = torch.tensor([s.start_pos for s in seqs])[:, None]
-        mask = self._visible(query_pos, key_pos)
-        return block_ids.flatten().to(device), mask[:, None, None, :].to(device)
+        bias = torch.zeros(len(seqs), key_pos.shape[1])
+        bias.masked_fill_(~self._visible(query_pos, key_pos), float("-inf"))
+        return block_ids.flatten().to(device), bias[None, :, None, :].to(device)
 
     def _prefill_chunk(self, seq: SeqSlots, token_start: int, device: torch.device) -> PrefillChunk:
         if seq.start_pos == 0 and self.sliding_window is None:
@@ -95,8 +109,13 @@ class TorchAttentionBackend:
         """Per-head norm and rotary on q and k, and k, v into the cache; returns q, k."""
         q, k = norm_rope(q, k, rope, q_norm, k_norm)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        # [T, Hkv, D] -> the slots of [Hkv, num_blocks * block_size, D]
+        k_cache.view(num_kv_heads, -1, head_dim).index_copy_(
+            1, meta.slot_mapping, k.transpose(0, 1)
+        )
+        v_cache.view(num_kv_heads, -1, head_dim).index_copy_(
+            1, meta.slot_mapping, v.transpose(0, 1)
+        )
         return q, k
 
     def forward(
@@ -109,10 +128,10 @@ class TorchAttentionBackend:
         meta: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
+        # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [Hkv, num_blocks, block_size, D]
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        k_flat = k_cache.view(-1, num_kv_heads, head_dim)
-        v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+        k_flat = k_cache.view(num_kv_heads, -1, head_dim)
+        v_flat = v_cache.view(num_kv_heads, -1, head_dim)
         if meta.decode_is_whole_batch:
             return self._decode(q, k_cache, v_cache, meta, scale)
         out = torch.empty_like(q)
@@ -127,54 +146,49 @@ class TorchAttentionBackend:
 
     @staticmethod
     def _decode(q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        # q: [B, Hq, D] -> context [B, L, Hkv, D] gathered block by block from the cache
-        batch, num_kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
-        keys = k_cache.index_select(0, meta.decode_block_ids).view(
-            batch, -1, num_kv_heads, head_dim
+        """Two batched products per step over [kv head x sequence] matrices, softmax in float32.
+        On the CPU this beats scaled_dot_product_attention's kernel for single-token queries in
+        bf16 several times over, and matches it in float32."""
+        # q: [B, Hq, D] -> context [Hkv * B, L, D] gathered block by block from the cache
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[0]
+        group = num_heads // num_kv_heads
+        keys = k_cache.index_select(1, meta.decode_block_ids).view(
+            num_kv_heads * batch, -1, head_dim
         )
-        values = v_cache.index_select(0, meta.decode_block_ids).view(
-            batch, -1, num_kv_heads, head_dim
+        values = v_cache.index_select(1, meta.decode_block_ids).view(
+            num_kv_heads * batch, -1, head_dim
         )
-        if q.dtype == torch.float32:
-            out = F.scaled_dot_product_attention(
-                q.unsqueeze(2),
-                keys.transpose(1, 2),
-                values.transpose(1, 2),
-                attn_mask=meta.decode_mask,
-                scale=scale,
-                enable_gqa=True,
-            )
-            return out.squeeze(2)
-        return _grouped_decode(q, keys, values, meta.decode_mask, scale)
+        grouped = (q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1) * scale).reshape(
+            num_kv_heads * batch, group, head_dim
+        )
+        scores = torch.bmm(grouped, keys.transpose(1, 2)).view(num_kv_heads, batch, group, -1)
+        probs = (scores.float() + meta.decode_bias).softmax(dim=-1).to(q.dtype)
+        out = torch.bmm(probs.view(num_kv_heads * batch, group, -1), values)
+        # [Hkv, B, G, D] -> [B, Hq, D]
+        return (
+            out.view(num_kv_heads, batch, group, head_dim)
+            .transpose(0, 1)
+            .reshape(batch, num_heads, head_dim)
+        )
 
     @staticmethod
     def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
         # q: [n, Hq, D]; attention runs over heads as the batch: [H, n, D]
-        if chunk.context_slots is not None:
-            k, v = k_flat[chunk.context_slots], v_flat[chunk.context_slots]
+        if chunk.context_slots is not None:  # the cache is head-outer: [Hkv, context, D]
+            keys, values = k_flat[:, chunk.context_slots], v_flat[:, chunk.context_slots]
+        else:
+            keys, values = k.transpose(0, 1), v.transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
+            keys,
+            values,
             attn_mask=chunk.mask,
             is_causal=chunk.mask is None,
             scale=scale,
             enable_gqa=True,
         )
         return out.transpose(0, 1)
-
-
-def _grouped_decode(q, keys, values, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Decode attention as two matmuls per KV head group, softmax in float32. On the CPU this
-    beats SDPA's kernel for bf16/fp16 single-token queries several times over."""
-    # q: [B, Hq, D]; keys, values: [B, L, Hkv, D]; mask: [B, 1, 1, L]
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = keys.shape[2]
-    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim) * scale
-    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1)).float()  # [B, Hkv, G, L]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1).to(q.dtype)
-    return torch.matmul(probs, values.transpose(1, 2)).view(batch, num_heads, head_dim)
 
 
 def _token_starts(seqs: list[SeqSlots]) -> list[int]:
