@@ -35,6 +35,7 @@ from aioworker.compute.models.llama import LlamaForCausalLM
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.runner import ModelRunner
 from aioworker.compute.sampler import Sampler
+from aioworker.compute.thread_governor import ThreadGovernor
 from aioworker.compute.weights.rank_weights import RankWeights
 from aioworker.config import WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
@@ -89,9 +90,13 @@ def build_rank(
     device = pick_device(config.device.kind, device_index)
     dtype = pick_dtype(config.model.dtype, device, cfg)
     max_model_len = config.model.max_model_len or cfg.max_position_embeddings
+    governor = None
     if device.type == "cpu":
-        _use_cpu_threads(num_threads_for_rank(config, global_rank))
-    executor = ExecutorThread(device)
+        num_threads = num_threads_for_rank(config, global_rank)
+        _use_cpu_threads(num_threads)
+        if num_threads > 1 and not config.device.num_threads and tp.size == 1:
+            governor = ThreadGovernor(num_threads, torch.set_num_threads, log.info)
+    executor = ExecutorThread(device, governor=governor)
     try:
         if tp.size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,8 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
-    from aioworker.compute.runner import ModelRunner
+    from aioworker.compute.runner import ModelRunner, StepHandle
+    from aioworker.compute.thread_governor import ThreadGovernor
     from aioworker.compute.weights.rank_weights import RankWeights
 
 _STOP = object()
@@ -31,8 +33,15 @@ _STOP = object()
 class ExecutorThread:
     """Satisfies core's `Executor` Protocol; `call(fn)` runs anything else on the thread."""
 
-    def __init__(self, device: torch.device, name: str = "aioworker-executor") -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        name: str = "aioworker-executor",
+        governor: ThreadGovernor | None = None,
+    ) -> None:
+        """`governor`: a CPU rank's thread count, tuned by timing its steps."""
         self.device = device
+        self.governor = governor
         self.runner: ModelRunner | None = None  # both given by install()
         self.weights: RankWeights | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -90,12 +99,22 @@ class ExecutorThread:
                     continue
                 try:
                     if plan is not None:
-                        self._launched.put((self.runner.launch(plan), future))
+                        self._launched.put((self._launch(plan), future))
                     else:
                         future.set_result(fn())
                 except BaseException as exc:  # delivered to whoever awaits the future
                     future.set_exception(exc)
         self._launched.put(_STOP)
+
+    def _launch(self, plan: StepPlan) -> StepHandle:
+        if self.governor is None or plan.is_empty:
+            return self.runner.launch(plan)
+        # On the CPU a launched step has finished: its time is the step's.
+        self.governor.before_step()
+        started = time.perf_counter()
+        handle = self.runner.launch(plan)
+        self.governor.after_step(plan.num_tokens, time.perf_counter() - started)
+        return handle
 
     def _complete(self) -> None:
         while (item := self._launched.get()) is not _STOP:
