@@ -71,7 +71,8 @@ class SchedulerOptions(_Section):
 
 class DeviceOptions(_Section):
     kind: Literal["auto", "cpu", "cuda"] = "auto"
-    # auto: triton (our paged kernel) on CUDA, torch elsewhere; xformers: its paged decode kernel.
+    # auto: triton (our paged kernel) on CUDA; on the CPU, torch with our C decode kernel where a
+    # C compiler builds it. xformers: its paged decode kernel. torch: torch alone, any device.
     attention_backend: Literal["auto", "torch", "triton", "xformers"] = "auto"
     # CPU threads for torch; 0 = a worker's share of its host's cores (cores // ranks on the
     # host), the offline engine's torch default.

@@ -23,7 +23,8 @@ from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers import cpu_packing
-from aioworker.compute.layers.attention import TorchAttentionBackend
+from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
+from aioworker.compute.layers.attention.cpu_decode import PagedDecode
 from aioworker.compute.loader import (
     checkpoint_files,
     count_tensors,
@@ -181,7 +182,11 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     num_blocks = _num_blocks(
         config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
     )
-    backend = TorchAttentionBackend(config.cache.block_size, build.model_config.sliding_window)
+    backend = TorchAttentionBackend(
+        config.cache.block_size,
+        build.model_config.sliding_window,
+        _cpu_decode_kernel(build, layers[0]),
+    )
 
     def allocate_cache() -> None:
         allocate_kv_cache(
@@ -192,6 +197,18 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     runner = ModelRunner(model, backend, Sampler(config.model.seed, device), device, build.tp)
     weights = RankWeights(runner, allocate_cache)
     return runner, weights, num_blocks
+
+
+def _cpu_decode_kernel(build: _Build, layer) -> PagedDecode | None:
+    """The CPU's paged decode kernel, where it serves this model (device.attention_backend
+    'auto' on the CPU; 'torch' keeps every step in torch)."""
+    if build.device.type != "cpu" or build.config.device.attention_backend != "auto":
+        return None
+    kernel = cpu_decode.load()
+    serves = kernel is not None and kernel.serves(
+        build.dtype, layer.num_heads, layer.num_kv_heads, layer.head_dim
+    )
+    return kernel if serves else None
 
 
 def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aioworker.compute.layers.attention.cpu_decode import PagedDecode
 from aioworker.compute.layers.attention.slots import SeqSlots, slot_mapping
 from aioworker.compute.layers.ops import norm_rope
 
@@ -29,22 +30,37 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeContext:
+    """Where the keys of the decoding sequences lie: their block tables, padded to the longest."""
+
+    block_table: torch.Tensor  # [B, max_blocks] int64
+    context_lens: torch.Tensor  # [B] int64: positions 0 .. len - 1 are attended
+    max_context: int
+    # 0 where visible, -inf where not: [1, B, 1, max_blocks * block_size], float32; only for the
+    # torch path (the CPU kernel reads the lengths)
+    bias: torch.Tensor | None
+
+
+@dataclass
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot of each input token
     decode_token_idx: torch.Tensor | None  # [B] rows of the batch that decode one token
     decode_is_whole_batch: bool
-    decode_block_ids: torch.Tensor | None  # [B * max_blocks] each decode's block table, padded
-    # 0 where visible, -inf where not: [1, B, 1, max_blocks * block_size], float32
-    decode_bias: torch.Tensor | None
+    decode: DecodeContext | None
     prefills: list[PrefillChunk]
 
 
 class TorchAttentionBackend:
     name = "torch"
 
-    def __init__(self, block_size: int, sliding_window: int | None) -> None:
+    def __init__(
+        self, block_size: int, sliding_window: int | None, decode_kernel: PagedDecode | None = None
+    ) -> None:
+        """`decode_kernel`: the CPU's paged decode kernel, where it was built and serves the
+        model (cpu_decode.py); None computes decodes in torch."""
         self.block_size = block_size
         self.sliding_window = sliding_window
+        self.decode_kernel = decode_kernel
 
     @staticmethod
     def cache_shape(
@@ -60,35 +76,36 @@ class TorchAttentionBackend:
             for i in range(len(seqs))
             if seqs[i].num_tokens > 1
         ]
-        decode_block_ids = decode_bias = decode_idx = None
+        decode = decode_idx = None
         if decode_rows:
-            decode_block_ids, decode_bias = self._decode_context(
-                [seqs[i] for i in decode_rows], device
-            )
+            decode = self._decode_context([seqs[i] for i in decode_rows], device)
             decode_idx = torch.tensor([token_starts[i] for i in decode_rows], device=device)
         return TorchAttentionMetadata(
             slot_mapping=torch.tensor(slot_mapping(seqs, self.block_size), device=device),
             decode_token_idx=decode_idx,
             decode_is_whole_batch=len(decode_rows) == len(seqs),
-            decode_block_ids=decode_block_ids,
-            decode_bias=decode_bias,
+            decode=decode,
             prefills=prefills,
         )
 
-    def _decode_context(
-        self, seqs: list[SeqSlots], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Whole blocks are gathered (one index_select) and positions past the end masked out.
-        max_blocks = max(-(-(s.start_pos + 1) // self.block_size) for s in seqs)
-        block_ids = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
+    def _decode_context(self, seqs: list[SeqSlots], device: torch.device) -> DecodeContext:
+        lengths = [s.start_pos + 1 for s in seqs]
+        max_blocks = -(-max(lengths) // self.block_size)
+        block_table = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
         for row, seq in enumerate(seqs):
             used = seq.block_table[:max_blocks]
-            block_ids[row, : len(used)] = torch.tensor(used, dtype=torch.long)
-        key_pos = torch.arange(max_blocks * self.block_size)[None, :]
-        query_pos = torch.tensor([s.start_pos for s in seqs])[:, None]
-        bias = torch.zeros(len(seqs), key_pos.shape[1])
-        bias.masked_fill_(~self._visible(query_pos, key_pos), float("-inf"))
-        return block_ids.flatten().to(device), bias[None, :, None, :].to(device)
+            block_table[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+        bias = None
+        if self.decode_kernel is None:
+            # Whole blocks are gathered (one index_select) and positions past the end masked out.
+            key_pos = torch.arange(max_blocks * self.block_size)[None, :]
+            query_pos = torch.tensor(lengths)[:, None] - 1
+            bias = torch.zeros(len(seqs), key_pos.shape[1])
+            bias.masked_fill_(~self._visible(query_pos, key_pos), float("-inf"))
+            bias = bias[None, :, None, :].to(device)
+        return DecodeContext(
+            block_table.to(device), torch.tensor(lengths, device=device), max(lengths), bias
+        )
 
     def _prefill_chunk(self, seq: SeqSlots, token_start: int, device: torch.device) -> PrefillChunk:
         if seq.start_pos == 0 and self.sliding_window is None:
@@ -144,33 +161,15 @@ class TorchAttentionBackend:
             out[rows] = self._prefill(q[rows], k[rows], v[rows], k_flat, v_flat, chunk, scale)
         return out
 
-    @staticmethod
-    def _decode(q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        """Two batched products per step over [kv head x sequence] matrices, softmax in float32.
-        On the CPU this beats scaled_dot_product_attention's kernel for single-token queries in
-        bf16 several times over, and matches it in float32."""
-        # q: [B, Hq, D] -> context [Hkv * B, L, D] gathered block by block from the cache
-        batch, num_heads, head_dim = q.shape
-        num_kv_heads = k_cache.shape[0]
-        group = num_heads // num_kv_heads
-        keys = k_cache.index_select(1, meta.decode_block_ids).view(
-            num_kv_heads * batch, -1, head_dim
-        )
-        values = v_cache.index_select(1, meta.decode_block_ids).view(
-            num_kv_heads * batch, -1, head_dim
-        )
-        grouped = (q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1) * scale).reshape(
-            num_kv_heads * batch, group, head_dim
-        )
-        scores = torch.bmm(grouped, keys.transpose(1, 2)).view(num_kv_heads, batch, group, -1)
-        probs = (scores.float() + meta.decode_bias).softmax(dim=-1).to(q.dtype)
-        out = torch.bmm(probs.view(num_kv_heads * batch, group, -1), values)
-        # [Hkv, B, G, D] -> [B, Hq, D]
-        return (
-            out.view(num_kv_heads, batch, group, head_dim)
-            .transpose(0, 1)
-            .reshape(batch, num_heads, head_dim)
-        )
+    def _decode(self, q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float):
+        """Single-token queries: the CPU kernel where there is one, else in torch."""
+        decode = meta.decode
+        if self.decode_kernel is not None:
+            return self.decode_kernel(
+                q, k_cache, v_cache, decode.block_table, decode.context_lens,
+                decode.max_context, scale, self.sliding_window or 0,
+            )  # fmt: skip
+        return _gathered_decode(q, k_cache, v_cache, decode, scale)
 
     @staticmethod
     def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
@@ -189,6 +188,31 @@ class TorchAttentionBackend:
             enable_gqa=True,
         )
         return out.transpose(0, 1)
+
+
+def _gathered_decode(q, k_cache, v_cache, decode: DecodeContext, scale: float) -> torch.Tensor:
+    """Two batched products over [kv head x sequence] matrices, softmax in float32. On the CPU
+    this beats scaled_dot_product_attention's kernel for single-token queries in bf16 several
+    times over, and matches it in float32."""
+    # q: [B, Hq, D] -> context [Hkv * B, L, D] gathered block by block from the cache
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[0]
+    group = num_heads // num_kv_heads
+    block_ids = decode.block_table.flatten()
+    keys = k_cache.index_select(1, block_ids).view(num_kv_heads * batch, -1, head_dim)
+    values = v_cache.index_select(1, block_ids).view(num_kv_heads * batch, -1, head_dim)
+    grouped = (q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1) * scale).reshape(
+        num_kv_heads * batch, group, head_dim
+    )
+    scores = torch.bmm(grouped, keys.transpose(1, 2)).view(num_kv_heads, batch, group, -1)
+    probs = (scores.float() + decode.bias).softmax(dim=-1).to(q.dtype)
+    out = torch.bmm(probs.view(num_kv_heads * batch, group, -1), values)
+    # [Hkv, B, G, D] -> [B, Hq, D]
+    return (
+        out.view(num_kv_heads, batch, group, head_dim)
+        .transpose(0, 1)
+        .reshape(batch, num_heads, head_dim)
+    )
 
 
 def _token_starts(seqs: list[SeqSlots]) -> list[int]:
