@@ -169,15 +169,6 @@ class SamplingParams(
         fields.append(("bad_words", [t for word in self.bad_words_token_ids for t in word]))
         return fields
 
-    @property
-    def uses_penalties(self) -> bool:
-        """Whether sampling needs the tokens the sequence has seen."""
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
-
     def _validate_stop(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError(

@@ -173,21 +173,23 @@ class TorchAttentionBackend:
 
     @staticmethod
     def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
-        # q: [n, Hq, D]; attention runs over heads as the batch: [H, n, D]
+        # q: [n, Hq, D]; attention runs over heads: [1, H, n, D]. Four dimensions, not three:
+        # torch's CPU flash kernel takes only 4-D inputs and leaves 3-D ones to the unfused
+        # math path, which took a bf16 128-token chunk's attention 1.09 ms a layer, against 0.49.
         if chunk.context_slots is not None:  # the cache is head-outer: [Hkv, context, D]
             keys, values = k_flat[:, chunk.context_slots], v_flat[:, chunk.context_slots]
         else:
             keys, values = k.transpose(0, 1), v.transpose(0, 1)
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            keys,
-            values,
+            q.transpose(0, 1)[None],
+            keys[None],
+            values[None],
             attn_mask=chunk.mask,
             is_causal=chunk.mask is None,
             scale=scale,
             enable_gqa=True,
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
 
 
 def _gathered_decode(q, k_cache, v_cache, decode: DecodeContext, scale: float) -> torch.Tensor:
