@@ -10,18 +10,38 @@ from pathlib import Path
 def machine_description() -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    text = f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    cpu = _cpuinfo_field("model name") or platform.processor() or platform.machine()
+    text = f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_features()}"
     if torch.cuda.is_available():
         text = f"{torch.cuda.get_device_name()}, " + text
     return text
+
+
+# The processor features that decide which CPU kernels run: oneDNN's bf16 GEMMs use AMX tiles
+# where there are some, else AVX512-BF16 dot products, else convert to float32.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_features() -> str:
+    """Which vector instructions torch's CPU kernels were built to use here, and the bf16 ones."""
+    import torch
+
+    flags = set((_cpuinfo_field("flags") or "").split())
+    bf16 = [flag for flag in BF16_FLAGS if flag in flags]
+    return (
+        f"CPU kernels {torch.backends.cpu.get_cpu_capability()}, "
+        f"bf16 by {' + '.join(bf16) if bf16 else 'conversion (no avx512_bf16 or AMX)'}"
+    )
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

@@ -39,6 +39,8 @@ class BlockHasher:
         """Append to `hashes` the digests of blocks len(hashes) .. num_full_blocks - 1 of
         `token_ids`; returns the keys of the blocks added."""
         keys = []
+        if len(hashes) >= num_full_blocks:
+            return keys  # most calls: no block has filled since the last one
         parent = hashes[-1] if hashes else self.root(epoch)
         for index in range(len(hashes), num_full_blocks):
             block = token_ids[index * block_size : (index + 1) * block_size]

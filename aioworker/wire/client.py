@@ -394,6 +394,8 @@ class Client:
         of: READY groups; groups that queue requests (paused, updating weights); groups that
         beat, whatever their state (their refusal says why, and their state may be newer than
         the last beat); every group (a lost one ends the request at once)."""
+        if len(self.task_endpoints) == 1:
+            return 0  # nothing to choose: skip reading the beats on every submission
         states, lost = self.group_states(), self._watch.is_lost
         alive = [
             g

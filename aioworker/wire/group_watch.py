@@ -93,7 +93,10 @@ class GroupWatch:
             sock.close(linger=0)
 
     def _read_beats(self, group: int, sock: zmq.Socket, now: float) -> None:
-        while True:
+        # Asking the socket first, rather than trying a read: a client refreshes before every
+        # submission, nearly always finds nothing, and a read that raises zmq.Again cost twice
+        # as much (4.1 against 2.4 us, about a tenth of the burst rate of `bench control`).
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
