@@ -153,31 +153,40 @@ def test_controls_give_the_same_tokens_through_preemption_and_chunking(tiny) -> 
     assert expected != tokens(roomy, batch, [CONTROLLED[3]] * 16)
 
 
-def test_repetition_penalty_counts_a_cached_prompt(tiny) -> None:
-    """The prompt's cached blocks are never in a plan's inputs: the penalty must still see
-    them. Same tokens with the prefix cache on (and hit) as off."""
-    path, _, cached = tiny
-    system = prompts(1, seed=6)[0][:48] * 2  # 96 tokens: 6 full blocks
+def check_a_cached_prompt_is_penalised(path, cached, settings: dict) -> int:
+    """Three prompts sharing 96 tokens under repetition_penalty, the first alone (so the others
+    hit its blocks): the same tokens as with the prefix cache off. Returns the tokens hit."""
+    system = prompts(1, seed=6)[0][:48] * 2
     batch = [system + tail for tail in prompts(3, seed=7)]
     params = msgspec.structs.replace(GREEDY, repetition_penalty=1.5)
     hits_before = cached.block_manager.num_hit_tokens
     got = tokens(cached, batch[:1], params) + tokens(cached, batch[1:], params)
-    assert cached.block_manager.num_hit_tokens - hits_before >= 2 * 96
-    uncached = make_engine(path, **{**SETTINGS, "cache.enable_prefix_caching": False})
+    uncached = make_engine(path, **{**settings, "cache.enable_prefix_caching": False})
     try:
         assert got == tokens(uncached, batch, params)
     finally:
         uncached.close()
+    return cached.block_manager.num_hit_tokens - hits_before
 
 
-def test_n_samples_with_penalties_equal_requests_with_consecutive_seeds(tiny) -> None:
-    _, _, engine = tiny
+def check_samples_equal_requests_with_consecutive_seeds(engine) -> None:
     prompt = prompts(1, seed=8)[0]
     params = CONTROLLED[1]
     singles = [msgspec.structs.replace(params, seed=5 + i) for i in range(3)]
     samples = tokens(engine, [prompt], msgspec.structs.replace(params, n=3))
     assert samples == tokens(engine, [prompt] * 3, singles)
     assert len(set(map(tuple, samples))) == 3
+
+
+def test_repetition_penalty_counts_a_cached_prompt(tiny) -> None:
+    """The prompt's cached blocks are never in a plan's inputs: the penalty must still see
+    them. Same tokens with the prefix cache on (and hit) as off."""
+    path, _, cached = tiny
+    assert check_a_cached_prompt_is_penalised(path, cached, SETTINGS) >= 2 * 96  # 6 blocks each
+
+
+def test_n_samples_with_penalties_equal_requests_with_consecutive_seeds(tiny) -> None:
+    check_samples_equal_requests_with_consecutive_seeds(tiny[2])
 
 
 def test_logprobs_are_those_of_the_controlled_logits(tiny) -> None:

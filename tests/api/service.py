@@ -9,6 +9,8 @@ import json
 import re
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from tests.processes import Process
@@ -28,6 +30,18 @@ def api_url(process: Process, timeout: float = 60.0) -> str:
         )
         time.sleep(0.05)
     raise AssertionError(f"no API server address within {timeout}s:\n{process.log}")
+
+
+@contextmanager
+def healthy(worker: Process, api: Process) -> Iterator[str]:
+    """The API server's address once its /health is 200; stops both processes afterwards."""
+    try:
+        url = api_url(api)
+        wait_healthy(url, api, timeout=60)
+        yield url
+    finally:
+        api.stop()
+        worker.stop()
 
 
 def wait_healthy(url: str, process: Process, timeout: float) -> None:

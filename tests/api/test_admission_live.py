@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from tests.api.service import api_url, open_stream, request, wait_healthy
+from tests.api.service import healthy, open_stream, request
 from tests.processes import Process
 from tests.workers import deployment
 
@@ -31,13 +31,8 @@ def fake(tmp_path_factory: pytest.TempPathFactory):
         ["worker", "--rank", "0", "--fake-executor", "--fake-step-ms", "100", *set_args]
     )
     api = Process(["api", "--port", "0", "--model", "embedded", *set_args])
-    try:
-        url = api_url(api)
-        wait_healthy(url, api, timeout=60)
+    with healthy(worker, api) as url:
         yield url, config
-    finally:
-        api.stop()
-        worker.stop()
 
 
 def test_a_full_queue_answers_429_with_retry_after(fake) -> None:

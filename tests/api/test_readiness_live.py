@@ -12,7 +12,7 @@ import time
 import pytest
 
 from aioworker.cli.admin import wait_ready
-from tests.api.service import api_url, request, wait_healthy
+from tests.api.service import api_url, healthy, request
 from tests.processes import Process
 from tests.workers import admin, deployment
 
@@ -59,13 +59,8 @@ def test_a_request_right_after_wait_ready_runs_every_time(tmp_path_factory) -> N
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory):
     config, worker, api = start(tmp_path_factory, "--fake-phase-ms", str(PHASE_MS))
-    try:
-        url = api_url(api)
-        wait_healthy(url, api, timeout=60)
+    with healthy(worker, api) as url:
         yield url, config
-    finally:
-        api.stop()
-        worker.stop()
 
 
 def test_health_shows_what_admin_status_shows_when_it_returns(live) -> None:

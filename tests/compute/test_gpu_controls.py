@@ -19,7 +19,14 @@ from aioworker.compute.controls import SamplingControls
 from aioworker.core.plan import PENDING_TOKEN
 from tests.compute.test_controls import every_control, output_ids, random_logits
 from tests.conftest import make_engine
-from tests.test_sampling_controls import CONTROLLED, GREEDY, prompts, tokens
+from tests.test_sampling_controls import (
+    CONTROLLED,
+    GREEDY,
+    check_a_cached_prompt_is_penalised,
+    check_samples_equal_requests_with_consecutive_seeds,
+    prompts,
+    tokens,
+)
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -132,24 +139,12 @@ def test_controls_survive_preemption_chunking_and_the_prefix_cache(tiny) -> None
         assert small.scheduler.num_preemptions > 0
     finally:
         small.close()
-    system = prompts(1, seed=6)[0][:48] * 2
-    shared = [system + tail for tail in prompts(3, seed=7)]
-    penalised = msgspec.structs.replace(GREEDY, repetition_penalty=1.5)
-    cached = tokens(roomy, shared[:1], penalised) + tokens(roomy, shared[1:], penalised)
-    uncached = make_engine(path, **{**SETTINGS, "cache.enable_prefix_caching": False})
-    try:
-        assert cached == tokens(uncached, shared, penalised)
-    finally:
-        uncached.close()
+    assert check_a_cached_prompt_is_penalised(path, roomy, SETTINGS) > 0
 
 
 def test_the_one_pass_draw_keeps_to_the_controls(tiny) -> None:
     _, _, engine = tiny
-    prompt = prompts(1, seed=8)[0]
-    sampled = CONTROLLED[1]
-    singles = [msgspec.structs.replace(sampled, seed=5 + i) for i in range(3)]
-    samples = tokens(engine, [prompt], msgspec.structs.replace(sampled, n=3))
-    assert samples == tokens(engine, [prompt] * 3, singles)
+    check_samples_equal_requests_with_consecutive_seeds(engine)
     restricted = CONTROLLED[2]
     for outputs in tokens(engine, prompts(4, seed=9), restricted):
         assert all(t % 3 == 0 and t != 9 for t in outputs)
