@@ -15,7 +15,7 @@ import time
 import torch
 
 from aioworker.bench.report import append_to_doc, format_table
-from aioworker.compute.sampler import Sampler, SampleRow
+from aioworker.compute.sampling.sampler import Sampler, SampleRow
 from aioworker.core.plan import SamplingSettings
 
 

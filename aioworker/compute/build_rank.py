@@ -35,7 +35,7 @@ from aioworker.compute.loader import (
 from aioworker.compute.models.llama import LlamaForCausalLM
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.runner import ModelRunner
-from aioworker.compute.sampler import Sampler
+from aioworker.compute.sampling.sampler import Sampler
 from aioworker.compute.thread_governor import ThreadGovernor
 from aioworker.compute.weights.rank_weights import RankWeights
 from aioworker.config import WorkerConfig

@@ -20,8 +20,8 @@ from aioworker.compute.layers.attention.cuda_backend import (
     PrefillPart,
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
-from aioworker.compute.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError, StepHandle
+from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.core.plan import StepPlan, StepResult
 
 

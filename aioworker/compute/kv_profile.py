@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block
-from aioworker.compute.sampler import SampleRow
+from aioworker.compute.sampling.sampler import SampleRow
 from aioworker.core.plan import LogitControls, NewSeq, SamplingSettings, StepPlan
 
 log = logging.getLogger(__name__)

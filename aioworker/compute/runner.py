@@ -15,12 +15,12 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from aioworker.compute.controls import SamplingControls, StepControls
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
-from aioworker.compute.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.compute.parallel import TensorParallel
-from aioworker.compute.sampler import Sampler, SampleRow
+from aioworker.compute.sampling.controls import SamplingControls, StepControls
+from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans, score_prompts
+from aioworker.compute.sampling.sampler import Sampler, SampleRow
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
 
 

@@ -13,69 +13,9 @@ from collections import deque
 
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.outputs import FinishReason, RequestOutput
-from aioworker.core.plan import (
-    PENDING_TOKEN,
-    LogitControls,
-    NewSeq,
-    SamplingSettings,
-    StepPlan,
-    StepResult,
-)
-from aioworker.core.sampling_params import SamplingParams
+from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.plan_builder import PlanBuilder, new_seq
 from aioworker.core.sequence import SeqStatus, Sequence
-
-
-class _PlanBuilder:
-    """The lists of one StepPlan, filled sequence by sequence (the hot path at hundreds of seqs)."""
-
-    __slots__ = (
-        "register",
-        "block_size",
-        "seq_ids",
-        "num_tokens",
-        "starts",
-        "new_block_ids",
-        "sample",
-        "input_ids",
-        "new_seqs",
-    )
-
-    def __init__(self, block_manager: BlockManager) -> None:
-        # Prefix caching: gives blocks that this step fills their content address.
-        self.register = (
-            block_manager.register_full_blocks if block_manager.enable_prefix_caching else None
-        )
-        self.block_size = block_manager.block_size
-        self.seq_ids: list[int] = []
-        self.num_tokens: list[int] = []
-        self.starts: list[int] = []
-        self.new_block_ids: list[list[int]] = []
-        self.sample: list[bool] = []
-        self.input_ids: list[int] = []
-        self.new_seqs: list[NewSeq] = []
-
-    def add(self, seq: Sequence, num_tokens: int, new_block_ids: list[int]) -> None:
-        start = seq.num_computed_tokens
-        end = start + num_tokens
-        known = len(seq.token_ids)
-        self.seq_ids.append(seq.seq_id)
-        self.num_tokens.append(num_tokens)
-        self.starts.append(start)
-        self.new_block_ids.append(new_block_ids)
-        if num_tokens == 1:
-            self.input_ids.append(seq.token_ids[start] if start < known else PENDING_TOKEN)
-        else:
-            self.input_ids.extend(seq.token_ids[start:end])
-            if end > known:  # only ever the last one: the token in flight
-                self.input_ids.append(PENDING_TOKEN)
-        seq.num_computed_tokens = end
-        if self.register is not None and end // self.block_size > len(seq.block_hashes):
-            self.register(seq)
-        is_last = end == known + seq.num_pending_tokens
-        self.sample.append(is_last)
-        if is_last:
-            seq.num_pending_tokens += 1
-
 
 _NO_BLOCKS: list[int] = []
 
@@ -163,7 +103,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run (plan ids stay consecutive)."""
-        builder = _PlanBuilder(self.block_manager)
+        builder = PlanBuilder(self.block_manager)
         budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
         if not preempted:
             self._schedule_waiting(budget, builder)
@@ -231,7 +171,7 @@ class Scheduler:
             if seq is not None and seq.prompt_logprobs is not None:
                 seq.add_prompt_logprobs(scored.first_position, scored.entries)
 
-    def _schedule_running(self, budget: int, builder: _PlanBuilder) -> tuple[int, bool]:
+    def _schedule_running(self, budget: int, builder: PlanBuilder) -> tuple[int, bool]:
         """Returns the budget left and whether anything was preempted."""
         num_preemptions_before = self.num_preemptions
         block_size = self.block_manager.block_size
@@ -271,7 +211,7 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_waiting(self, budget: int, builder: _PlanBuilder) -> None:
+    def _schedule_waiting(self, budget: int, builder: PlanBuilder) -> None:
         while (
             self.admit_new and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
         ):
@@ -289,21 +229,11 @@ class Scheduler:
             blocks.use_cached(seq, hits)
             blocks.allocate(seq, num_cached + num_tokens)
             builder.add(seq, num_tokens, list(seq.block_table))
-            builder.new_seqs.append(_new_seq(seq))
+            builder.new_seqs.append(new_seq(seq))
             budget -= num_tokens
 
-    def _build_plan(self, builder: _PlanBuilder) -> StepPlan:
-        plan = StepPlan(
-            step_id=self._next_step_id,
-            seq_ids=builder.seq_ids,
-            num_scheduled_tokens=builder.num_tokens,
-            start_positions=builder.starts,
-            new_block_ids=builder.new_block_ids,
-            sample=builder.sample,
-            input_token_ids=builder.input_ids,
-            new_seqs=builder.new_seqs,
-            released_seq_ids=self._released_seq_ids,
-        )
+    def _build_plan(self, builder: PlanBuilder) -> StepPlan:
+        plan = builder.plan(self._next_step_id, self._released_seq_ids)
         self._released_seq_ids = []
         self._next_step_id += 1
         return plan
@@ -349,47 +279,3 @@ def _with_logprobs(out: RequestOutput, seq: Sequence, entry) -> RequestOutput:
     if seq.prompt_logprobs is not None and seq.num_output_tokens == 1:
         out.prompt_logprobs = seq.prompt_logprobs
     return out
-
-
-def _new_seq(seq: Sequence) -> NewSeq:
-    params = seq.params
-    scores_prompt = seq.needs_prompt_logprobs
-    controls = _logit_controls(params)
-    settings = SamplingSettings(
-        temperature=0.0 if params.is_greedy else params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        min_tokens=params.min_tokens,
-        stop_token_ids=sorted(seq.stop_token_ids) if params.min_tokens else [],
-        logprobs=-1 if params.logprobs is None else params.logprobs,
-        prompt_logprobs=params.prompt_logprobs if scores_prompt else -1,
-        controls=controls,
-    )
-    if controls is not None and controls.needs_history:
-        token_ids = list(seq.token_ids)  # a copy: the offline executor reads it on its thread
-    elif scores_prompt:
-        token_ids = seq.token_ids[: seq.num_prompt_tokens]
-    else:
-        token_ids = []
-    return NewSeq(seq.seq_id, seq.num_prompt_tokens, settings, token_ids)
-
-
-_NO_CONTROLS = LogitControls()
-
-
-def _logit_controls(params: SamplingParams) -> LogitControls | None:
-    """The request's logit controls, or None where every one is off (most requests)."""
-    controls = LogitControls(
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        # A greedy draw always keeps the likeliest token, which is all min_p could keep.
-        min_p=0.0 if params.is_greedy else params.min_p,
-        logit_bias=dict(params.logit_bias),
-        allowed_token_ids=(
-            None if params.allowed_token_ids is None else list(params.allowed_token_ids)
-        ),
-        bad_words_token_ids=[list(word) for word in params.bad_words_token_ids],
-    )
-    return None if controls == _NO_CONTROLS else controls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioworker.compute import logprobs as logprobs_module
+from aioworker.compute.sampling import logprobs as logprobs_module
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
 from tests.logprob_checks import assert_entry_matches

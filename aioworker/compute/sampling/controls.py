@@ -14,11 +14,11 @@ from collections.abc import Iterable
 
 import torch
 
-from aioworker.compute.bad_words import BadWords
-from aioworker.compute.min_p import MinP
-from aioworker.compute.penalties import Penalties
+from aioworker.compute.sampling.bad_words import BadWords
+from aioworker.compute.sampling.min_p import MinP
+from aioworker.compute.sampling.penalties import Penalties
+from aioworker.compute.sampling.token_bias import TokenBias
 from aioworker.compute.small_copies import to_device
-from aioworker.compute.token_bias import TokenBias
 from aioworker.core.plan import NewSeq
 
 TOKEN_BIAS, BAD_WORDS, PENALTIES, MIN_P = range(4)

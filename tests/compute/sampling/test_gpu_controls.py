@@ -15,9 +15,9 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from aioworker.compute.controls import SamplingControls
+from aioworker.compute.sampling.controls import SamplingControls
 from aioworker.core.plan import PENDING_TOKEN
-from tests.compute.test_controls import every_control, output_ids, random_logits
+from tests.compute.sampling.test_controls import every_control, output_ids, random_logits
 from tests.conftest import make_engine
 from tests.test_sampling_controls import (
     CONTROLLED,

@@ -45,7 +45,7 @@ def token_logprobs(scaled: torch.Tensor, token_ids: torch.Tensor, k: int) -> Log
     log_softmax(x) = x - logsumexp(x), and the top k of `scaled` are those of its log-softmax:
     so no [R, V] log-softmax is ever written. On the GPU one Triton pass finds both."""
     if scaled.is_cuda:
-        from aioworker.compute.logprob_kernel import lse_and_top_k
+        from aioworker.compute.sampling.logprob_kernel import lse_and_top_k
 
         normaliser, top_values, top_ids = lse_and_top_k(scaled.contiguous(), k)
     else:

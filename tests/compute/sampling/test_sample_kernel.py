@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from aioworker.compute.sample_kernel import BLOCK, draw_rows  # noqa: E402
+from aioworker.compute.sampling.sample_kernel import BLOCK, draw_rows  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

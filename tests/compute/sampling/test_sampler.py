@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from aioworker.compute.sampler import Sampler, SampleRow, derive_seed
+from aioworker.compute.sampling.sampler import Sampler, SampleRow, derive_seed
 from aioworker.core.plan import SamplingSettings
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 

@@ -1,11 +1,11 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking, the
-logit controls of compute/controls.py where a step's rows use them, and the sampled tokens'
-logprobs (compute/logprobs.py).
+logit controls of compute/sampling/controls.py where a step's rows use them, and the sampled tokens'
+logprobs (compute/sampling/logprobs.py).
 
 Sampling draws Exp(1) noise and takes argmax(p / noise), which picks token i with probability
 p_i. A seeded request draws its noise from a key derived from (seed, position of the token), so
 its tokens depend on nothing else in the batch and survive preemption and recompute. On CUDA one
-Triton pass draws every row from its key (compute/sample_kernel.py); on the CPU a torch generator
+Triton pass draws every row from its key (compute/sampling/sample_kernel.py); on the CPU a torch generator
 per seeded row does. The two draw different noise: a seed reproduces on the same kind of device.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.controls import StepControls
-from aioworker.compute.logprobs import LogprobTensors, token_logprobs
+from aioworker.compute.sampling.controls import StepControls
+from aioworker.compute.sampling.logprobs import LogprobTensors, token_logprobs
 from aioworker.compute.small_copies import to_device
 from aioworker.core.plan import SamplingSettings
 
@@ -49,7 +49,7 @@ class Sampler:
         if one_pass is None:
             one_pass = device.type == "cuda"
         if one_pass:
-            from aioworker.compute.sample_kernel import draw_rows  # Triton enters here
+            from aioworker.compute.sampling.sample_kernel import draw_rows  # Triton enters here
 
             self.draw_rows = draw_rows
 

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from aioworker.compute.logprob_kernel import BLOCK, lse_and_top_k  # noqa: E402
+from aioworker.compute.sampling.logprob_kernel import BLOCK, lse_and_top_k  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = [(BLOCK - 7, 5), (2 * BLOCK + 1, 20), (BLOCK, 1), (3 * BLOCK + 5, 0)]

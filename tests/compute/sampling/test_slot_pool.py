@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioworker.compute.slot_pool import FIRST_CAPACITY, SlotPool
+from aioworker.compute.sampling.slot_pool import FIRST_CAPACITY, SlotPool
 
 CPU = torch.device("cpu")
 

@@ -1,14 +1,14 @@
 """Bad words of several tokens: a word's last token is banned in a step where the output ends
 with its other tokens. Each sequence keeps a window of its latest outputs on the device, shifted
 right after each draw, so the check never waits for the host (one-token words are banned
-outright, in compute/token_bias.py)."""
+outright, in compute/sampling/token_bias.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from aioworker.compute.slot_pool import SlotPool
+from aioworker.compute.sampling.slot_pool import SlotPool
 from aioworker.compute.small_copies import to_device
 from aioworker.core.plan import LogitControls, NewSeq
 from aioworker.core.sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS

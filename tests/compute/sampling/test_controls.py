@@ -1,4 +1,4 @@
-"""The logit controls (compute/controls.py and its kinds) against transformers' processors, or a
+"""The logit controls (compute/sampling/controls.py and its kinds) against transformers' processors, or a
 plain-Python reference for presence/frequency, on random logits, in batches where other rows use
 no control; their device state across steps and re-admission; and the sampler's order."""
 
@@ -20,8 +20,8 @@ from transformers.generation.logits_process import (
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from aioworker.compute.controls import SamplingControls
-from aioworker.compute.sampler import Sampler, SampleRow
+from aioworker.compute.sampling.controls import SamplingControls
+from aioworker.compute.sampling.sampler import Sampler, SampleRow
 from aioworker.core.plan import LogitControls, NewSeq, SamplingSettings
 
 VOCAB = 96

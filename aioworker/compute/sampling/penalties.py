@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from aioworker.compute.slot_pool import SlotPool
+from aioworker.compute.sampling.slot_pool import SlotPool
 from aioworker.compute.small_copies import to_device
 from aioworker.core.plan import LogitControls, NewSeq
 
