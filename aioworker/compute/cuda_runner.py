@@ -9,6 +9,8 @@ read and write only them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -20,9 +22,27 @@ from aioworker.compute.layers.attention.cuda_backend import (
     PrefillPart,
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
-from aioworker.compute.runner import CompletedStep, ModelRunner, PlanError, StepHandle
-from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans, score_prompts
+from aioworker.compute.runner import (
+    Forwarded,
+    ModelRunner,
+    PlanError,
+    PreparedStep,
+    StepHandle,
+)
+from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans
 from aioworker.core.plan import StepPlan, StepResult
+
+
+@dataclass
+class CudaStep(PreparedStep):
+    """The CUDA runner's prepared step: host arrays, and whether the captured graphs run it."""
+
+    nums: np.ndarray  # tokens per scheduled sequence
+    starts: np.ndarray  # position of each one's first token
+    rows: np.ndarray  # each one's row of the block-table matrix
+    token_ids: np.ndarray  # the plan's input ids, PENDING_TOKEN where the device fills them
+    use_graphs: bool
+    sampled_rows: torch.Tensor | None = None  # set by forward: the rows whose tokens are kept
 
 
 class CudaModelRunner(ModelRunner):
@@ -106,47 +126,41 @@ class CudaModelRunner(ModelRunner):
 
     # -- a step -------------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> StepHandle:
-        """Queue the step's GPU work and the copy of its sampled tokens (and logprobs); returns
-        at once."""
-        self.apply_plan_state(plan)
-        if plan.is_empty:
-            return CompletedStep(StepResult(plan.step_id, []))
+    def prepare(self, plan: StepPlan) -> CudaStep:
+        """The plan as host arrays; the forward moves them to the device in one copy."""
         sample_idx, sample_rows = self.sample_rows(plan)
-        spans = prompt_spans(plan, self.seqs) if self.scoring_prompts else []
         nums = np.asarray(plan.num_scheduled_tokens, dtype=np.int64)
-        starts = np.asarray(plan.start_positions, dtype=np.int64)
-        rows = np.asarray([self.rows[s] for s in plan.seq_ids], dtype=np.int64)
-        token_ids = np.asarray(plan.input_token_ids, dtype=np.int64)
-        extra = StepLogprobs([row.sampling.logprobs for row in sample_rows])
-        if self._fits_graphs(nums, spans):
+        spans = prompt_spans(plan, self.seqs) if self.scoring_prompts else []
+        step = CudaStep(
+            sample_rows=sample_rows,
+            spans=spans,
+            sample_idx=None,
+            nums=nums,
+            starts=np.asarray(plan.start_positions, dtype=np.int64),
+            rows=np.asarray([self.rows[s] for s in plan.seq_ids], dtype=np.int64),
+            token_ids=np.asarray(plan.input_token_ids, dtype=np.int64),
+            use_graphs=self._fits_graphs(nums, spans),
+        )
+        if sample_rows and not step.use_graphs:
+            step.sample_idx = self._to_device(np.asarray(sample_idx))
+        return step
+
+    def forward(self, plan: StepPlan, step: CudaStep) -> Forwarded:
+        if step.use_graphs:
             # Every row of a decode batch samples: the graph computes all their logits.
-            logits = self.graphs.run(token_ids, starts, rows)
-            sampled_rows = self.graphs.rows[: len(nums)]
-        else:
-            hidden = self._forward_eager(token_ids, nums, starts, rows, plan)
-            if not sample_rows and not spans:
-                return CompletedStep(StepResult(plan.step_id, []))
-            if spans:
-                extra.spans = spans
-                extra.prompt = score_prompts(
-                    hidden, spans, self.model.compute_logits, self.tp.is_driver
-                )
-            if sample_rows:
-                logits = self.model.compute_logits(hidden[self._to_device(np.asarray(sample_idx))])
-            sampled_rows = self._to_device(rows[np.asarray(plan.sample)])
-        tokens = None
-        if sample_rows:
-            if self.tp.is_driver:
-                controls = self.step_controls(plan)
-                tokens, extra.tokens = self.sampler.sample(logits, sample_rows, controls)
-            tokens = self.share_samples(tokens, len(sample_rows))
-            # The next plan's PENDING_TOKEN inputs are read from here, on the device.
-            self.last_tokens.index_copy_(0, sampled_rows, tokens)
-        if not self.tp.is_driver:
-            return CompletedStep(StepResult(plan.step_id, []))
-        return PendingStep(plan.step_id, tokens, extra)
+            step.sampled_rows = self.graphs.rows[: len(step.nums)]
+            return Forwarded(None, self.graphs.run(step.token_ids, step.starts, step.rows))
+        step.sampled_rows = self._to_device(step.rows[np.asarray(plan.sample)])
+        return Forwarded(self._forward_eager(step, plan))
+
+    def record(self, plan: StepPlan, step: CudaStep, tokens: torch.Tensor) -> None:
+        # The next plan's PENDING_TOKEN inputs are read from here, on the device.
+        self.last_tokens.index_copy_(0, step.sampled_rows, tokens)
+
+    def complete(
+        self, step_id: int, tokens: torch.Tensor | None, extra: StepLogprobs
+    ) -> StepHandle:
+        return PendingStep(step_id, tokens, extra)
 
     def _fits_graphs(self, nums: np.ndarray, spans: list) -> bool:
         """Pure decode batches within the captured sizes; a step that scores prompt tokens
@@ -158,15 +172,9 @@ class CudaModelRunner(ModelRunner):
             and len(nums) <= self.graphs.max_batch
         )
 
-    def _forward_eager(
-        self,
-        token_ids: np.ndarray,
-        nums: np.ndarray,
-        starts: np.ndarray,
-        rows: np.ndarray,
-        plan: StepPlan,
-    ) -> torch.Tensor:
+    def _forward_eager(self, step: CudaStep, plan: StepPlan) -> torch.Tensor:
         """Final hidden states of every token row (prefill or mixed batches, or beyond the graphs)."""
+        token_ids, nums, starts, rows = step.token_ids, step.nums, step.starts, step.rows
         num_tokens = int(nums.sum())
         offsets = np.cumsum(nums) - nums
         positions = np.repeat(starts - offsets, nums) + np.arange(num_tokens)

@@ -1,9 +1,13 @@
-"""Plan -> input tensors (token ids, positions, cache slots, attention metadata) -> forward -> sample.
+"""One step pipeline for every runner: apply the plan's state -> prepare -> forward -> logits ->
+sample and share -> record -> a handle on the result.
 
-Keeps, per running sequence, what plans send only once: its block table, prompt length and
-sampling settings (and, on the driver, the device state of its logit controls). A runner
-implements one method, `launch(plan) -> StepHandle`; this CPU runner finishes the step inside
-it, the CUDA runner only queues the step's work on the device.
+`ModelRunner.launch` is that template, written once. A runner overrides only `prepare` (the
+plan as tensors its forward reads), `forward` (eager or a captured graph), `record` (where the
+next plan's PENDING_TOKEN inputs are read from) and `complete` (the handle): this CPU runner
+finishes the step inside launch and returns a completed handle; the CUDA runner only queues the
+step's work on the device. Keeps, per running sequence, what plans send only once: its block
+table, prompt length and sampling settings (and, on the driver, the device state of its logit
+controls).
 """
 
 from __future__ import annotations
@@ -56,12 +60,30 @@ class CompletedStep:
 
 
 @dataclass
-class StepInputs:
+class PreparedStep:
+    """What `prepare` gives the shared stages; runners add what their forward reads."""
+
+    sample_rows: list[SampleRow]  # what each sampled row samples with
+    spans: list  # prompt positions scored for prompt logprobs (logprobs.prompt_spans)
+    sample_idx: torch.Tensor | None  # [S] token rows whose next token is sampled
+
+
+@dataclass
+class StepInputs(PreparedStep):
+    """The CPU runner's prepared step."""
+
     token_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     attn: AttentionContext
-    sample_idx: torch.Tensor  # [S] rows of the batch whose next token is sampled
-    sample_rows: list[SampleRow]
+
+
+@dataclass
+class Forwarded:
+    """What a forward gives: every token row's final hidden state, and the sampled rows' logits
+    where the forward made them itself (a captured decode graph keeps no hidden states)."""
+
+    hidden: torch.Tensor | None
+    logits: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -97,35 +119,60 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> StepHandle:
-        """Run the step: on the CPU its forward and sampling finish here, so the handle is
-        complete when returned."""
+        """The step pipeline, the same for every runner (see the module's docstring)."""
         self.apply_plan_state(plan)
         if plan.is_empty:
             return CompletedStep(StepResult(plan.step_id, []))
-        inputs = self.prepare_inputs(plan)
-        hidden = self.model(inputs.token_ids, inputs.positions, inputs.attn)
-        spans = prompt_spans(plan, self.seqs) if self.scoring_prompts else []
-        num_rows = len(inputs.sample_rows)
-        if not num_rows and not spans:
+        step = self.prepare(plan)
+        out = self.forward(plan, step)
+        if not step.sample_rows and not step.spans:
             return CompletedStep(StepResult(plan.step_id, []))
-        extra = StepLogprobs([row.sampling.logprobs for row in inputs.sample_rows])
-        if spans:
-            extra.spans = spans
+        extra = StepLogprobs([row.sampling.logprobs for row in step.sample_rows])
+        if step.spans:
+            extra.spans = step.spans
             extra.prompt = score_prompts(
-                hidden, spans, self.model.compute_logits, self.tp.is_driver
+                out.hidden, step.spans, self.model.compute_logits, self.tp.is_driver
             )
-        token_list = []
-        if num_rows:
-            logits = self.model.compute_logits(hidden[inputs.sample_idx])
-            tokens = None
-            if self.tp.is_driver:
-                controls = self.step_controls(plan)
-                tokens, extra.tokens = self.sampler.sample(logits, inputs.sample_rows, controls)
-            token_list = self.share_samples(tokens, num_rows).tolist()
-            self.remember_samples(plan, token_list)
+        tokens = None
+        if step.sample_rows:
+            logits = out.logits
+            if logits is None:
+                logits = self.model.compute_logits(out.hidden[step.sample_idx])
+            tokens = self.sample(plan, step, logits, extra)
         if not self.tp.is_driver:
             return CompletedStep(StepResult(plan.step_id, []))
-        return CompletedStep(extra.result(plan.step_id, token_list))
+        return self.complete(plan.step_id, tokens, extra)
+
+    def sample(
+        self, plan: StepPlan, step: PreparedStep, logits: torch.Tensor, extra: StepLogprobs
+    ) -> torch.Tensor:
+        """The driver samples; every rank gets its tokens and records them for the next plan."""
+        tokens = None
+        if self.tp.is_driver:
+            controls = self.step_controls(plan)
+            tokens, extra.tokens = self.sampler.sample(logits, step.sample_rows, controls)
+        tokens = self.share_samples(tokens, len(step.sample_rows))
+        self.record(plan, step, tokens)
+        return tokens
+
+    # -- what a runner overrides --------------------------------------------------------------
+
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        return self.prepare_inputs(plan)
+
+    def forward(self, plan: StepPlan, step: StepInputs) -> Forwarded:
+        return Forwarded(self.model(step.token_ids, step.positions, step.attn))
+
+    def record(self, plan: StepPlan, step: PreparedStep, tokens: torch.Tensor) -> None:
+        self.remember_samples(plan, tokens.tolist())
+
+    def complete(
+        self, step_id: int, tokens: torch.Tensor | None, extra: StepLogprobs
+    ) -> StepHandle:
+        token_list = tokens.tolist() if tokens is not None else []
+        return CompletedStep(extra.result(step_id, token_list))
+
+    # -- shared parts -------------------------------------------------------------------------
 
     def remember_samples(self, plan: StepPlan, token_ids: list[int]) -> None:
         sampled_ids = [
@@ -213,9 +260,10 @@ class ModelRunner:
         sample_idx, rows = self.sample_rows(plan)
         device = self.device
         return StepInputs(
+            sample_rows=rows,
+            spans=prompt_spans(plan, self.seqs) if self.scoring_prompts else [],
+            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=device),
             token_ids=torch.tensor(self.resolve_pending(plan), dtype=torch.long, device=device),
             positions=torch.from_numpy(np.concatenate(positions)).to(device),
             attn=AttentionContext(self.backend, self.backend.build_metadata(seq_slots, device)),
-            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=device),
-            sample_rows=rows,
         )

@@ -44,9 +44,7 @@ def prefill_logits(eng, token_ids: list[int]) -> torch.Tensor:
     @torch.inference_mode()
     def run() -> torch.Tensor:
         runner.apply_plan_state(plan)
-        nums, starts = np.array([len(token_ids)]), np.array([0])
-        ids = np.asarray(token_ids, dtype=np.int64)
-        hidden = runner._forward_eager(ids, nums, starts, np.array([runner.rows[-1]]), plan)
+        hidden = runner.forward(plan, runner.prepare(plan)).hidden
         runner.apply_plan_state(empty_plan(-1, released_seq_ids=(-1,)))
         return runner.model.compute_logits(hidden).float()
 
