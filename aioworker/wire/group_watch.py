@@ -65,6 +65,8 @@ class GroupWatch:
         self.beats: list[Heartbeat | None] = [None] * len(heartbeat_endpoints)
         # Each group's max_model_len from its driver's beats; 0 until one says it.
         self.max_model_lens = [0] * len(heartbeat_endpoints)
+        # Each group's driver process, from its beats: another pid means the group restarted.
+        self.driver_pids = [0] * len(heartbeat_endpoints)
         self.malformed = DropCounter(log, "malformed heartbeats")
 
     async def run(self) -> None:
@@ -108,6 +110,11 @@ class GroupWatch:
                 continue
             if beat.rank != 0:
                 continue
+            if self.driver_pids[group] not in (0, beat.pid):
+                # Restarted before it was missed for long enough to be lost: what was sent to
+                # the process that died will never be answered, so it ends here.
+                self._lose(group, f"group {group} restarted (driver pid {beat.pid})")
+            self.driver_pids[group] = beat.pid
             self.intervals[group] = beat.interval_s
             self.states[group] = beat.state
             self.beats[group] = beat

@@ -1,5 +1,6 @@
 """The client's watch over a group's driver heartbeat: a silent group is lost (its requests end),
-and a lost group that beats again is used again."""
+a lost group that beats again is used again, and a group whose driver restarted before it was
+missed ends what the old driver held."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from aioworker.wire.protocol import Heartbeat, encode
 from aioworker.wire.security import ClientSecurity
 
 
-def beat(state: str) -> list[bytes]:
+def beat(state: str, pid: int = 1) -> list[bytes]:
     fields = dict(step_id=0, step_elapsed_s=0.0, num_running=0, num_waiting=0)
     fields |= dict(kv_blocks_used=0, kv_blocks_total=8, tokens_per_s=0.0, weights_version=0)
     return encode(
         Heartbeat(
-            group=0, rank=0, pid=1, state=state, interval_s=0.05, sent_at=time.time(), **fields
+            group=0, rank=0, pid=pid, state=state, interval_s=0.05, sent_at=time.time(), **fields
         )
     )
 
@@ -64,3 +65,37 @@ def test_a_lost_group_that_beats_again_comes_back(tmp_path) -> None:
     seen, lost = asyncio.run(scenario())
     assert seen == [("READY", False), (STALE, True), ("LOADING", False), ("READY", False)]
     assert len(lost) == 1 and lost[0].startswith("group 0 is lost: no heartbeat for")
+
+
+def test_a_driver_that_restarts_before_it_is_missed_ends_what_the_old_one_held(tmp_path) -> None:
+    """A supervisor can restart a crashed group within the three silent intervals that make it
+    lost; requests sent to the dead process would then never be answered, nor counted out."""
+    endpoint = f"ipc://{tmp_path}/beats"
+
+    async def scenario() -> tuple[list, list[str]]:
+        context = zmq.asyncio.Context()
+        driver = context.socket(zmq.PUB)
+        driver.setsockopt(zmq.LINGER, 0)
+        driver.bind(endpoint)
+        lost: list[str] = []
+        watch = GroupWatch(
+            context, [endpoint], ClientSecurity(), 10.0, lambda g, why: lost.append(why)
+        )
+        seen = []
+        try:
+            for pid in (100, 100, 200):
+                deadline = time.monotonic() + 5
+                while watch.driver_pids[0] != pid and time.monotonic() < deadline:
+                    await driver.send_multipart(beat("READY", pid))
+                    await asyncio.sleep(0.01)
+                    watch.refresh()
+                seen.append((watch.status(0), list(lost)))
+        finally:
+            watch.close()
+            driver.close()
+            context.term()
+        return seen, lost
+
+    seen, lost = asyncio.run(scenario())
+    assert seen[:2] == [("READY", []), ("READY", [])]
+    assert seen[2] == ("READY", ["group 0 restarted (driver pid 200)"])
