@@ -121,6 +121,13 @@ CONTROLLED = [
 ]  # fmt: skip
 
 
+def cramped_engine(path, settings: dict):
+    """A cache too small for 16 prompts (sequences are preempted midway) and a 32-token budget
+    (prompts are chunked)."""
+    cramped = {"cache.num_blocks": 16, "model.max_model_len": 128}
+    return make_engine(path, **{**settings, **cramped, "scheduler.max_num_batched_tokens": 32})
+
+
 def test_controls_give_the_same_tokens_through_preemption_and_chunking(tiny) -> None:
     """A cache too small for the batch preempts sequences midway, a 32-token budget chunks the
     prompts; every sequence's tokens equal the roomy run's, so the counts and windows a
@@ -129,15 +136,7 @@ def test_controls_give_the_same_tokens_through_preemption_and_chunking(tiny) -> 
     batch = prompts(16, seed=5)
     params = [CONTROLLED[i % 4] for i in range(16)]
     expected = tokens(roomy, batch, params)
-    small = make_engine(
-        path,
-        **{
-            **SETTINGS,
-            "cache.num_blocks": 16,
-            "model.max_model_len": 128,
-            "scheduler.max_num_batched_tokens": 32,
-        },
-    )
+    small = cramped_engine(path, SETTINGS)
     preempted = []
     original = small.scheduler._preempt
     small.scheduler._preempt = lambda seq: (

@@ -26,18 +26,24 @@ def beat(state: str, pid: int = 1) -> list[bytes]:
     )
 
 
+def watched(endpoint: str, first_beat_timeout_s: float):
+    """A driver's PUB socket bound at `endpoint` and a watch over it that records losses."""
+    context = zmq.asyncio.Context()
+    driver = context.socket(zmq.PUB)
+    driver.setsockopt(zmq.LINGER, 0)
+    driver.bind(endpoint)
+    lost: list[str] = []
+    watch = GroupWatch(
+        context, [endpoint], ClientSecurity(), first_beat_timeout_s, lambda g, why: lost.append(why)
+    )
+    return context, driver, watch, lost
+
+
 def test_a_lost_group_that_beats_again_comes_back(tmp_path) -> None:
     endpoint = f"ipc://{tmp_path}/beats"
 
     async def scenario() -> list:
-        context = zmq.asyncio.Context()
-        driver = context.socket(zmq.PUB)
-        driver.setsockopt(zmq.LINGER, 0)
-        driver.bind(endpoint)
-        lost: list[str] = []
-        watch = GroupWatch(
-            context, [endpoint], ClientSecurity(), 0.3, lambda g, why: lost.append(why)
-        )
+        context, driver, watch, lost = watched(endpoint, 0.3)
         watcher = asyncio.ensure_future(watch.run())
         seen = []
 
@@ -73,14 +79,7 @@ def test_a_driver_that_restarts_before_it_is_missed_ends_what_the_old_one_held(t
     endpoint = f"ipc://{tmp_path}/beats"
 
     async def scenario() -> tuple[list, list[str]]:
-        context = zmq.asyncio.Context()
-        driver = context.socket(zmq.PUB)
-        driver.setsockopt(zmq.LINGER, 0)
-        driver.bind(endpoint)
-        lost: list[str] = []
-        watch = GroupWatch(
-            context, [endpoint], ClientSecurity(), 10.0, lambda g, why: lost.append(why)
-        )
+        context, driver, watch, lost = watched(endpoint, 10.0)
         seen = []
         try:
             for pid in (100, 100, 200):

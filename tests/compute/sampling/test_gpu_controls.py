@@ -24,6 +24,7 @@ from tests.test_sampling_controls import (
     GREEDY,
     check_a_cached_prompt_is_penalised,
     check_samples_equal_requests_with_consecutive_seeds,
+    cramped_engine,
     prompts,
     tokens,
 )
@@ -125,15 +126,7 @@ def test_controls_survive_preemption_chunking_and_the_prefix_cache(tiny) -> None
     batch = prompts(16, seed=5)
     params = [CONTROLLED[i % 4] for i in range(16)]
     expected = tokens(roomy, batch, params)
-    small = make_engine(
-        path,
-        **{
-            **SETTINGS,
-            "cache.num_blocks": 16,
-            "model.max_model_len": 128,
-            "scheduler.max_num_batched_tokens": 32,
-        },
-    )
+    small = cramped_engine(path, SETTINGS)
     try:
         assert tokens(small, batch, params) == expected
         assert small.scheduler.num_preemptions > 0
