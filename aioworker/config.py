@@ -84,6 +84,49 @@ class DeviceOptions(_Section):
     max_capture_batch_size: int = 256
 
 
+MAX_DRAFT_TOKENS = 8
+
+
+class SpeculativeOptions(_Section):
+    # Speculative decoding: "" (off), "ngram" (prompt lookup: drafts copied from where the
+    # sequence's last tokens appeared before in its prompt or output) or "draft" (drafts from
+    # a small model run on the executor after each step: see `model`).
+    method: Literal["", "ngram", "draft"] = ""
+    # Drafts verified per sequence per step at most (k), 1 to 8.
+    num_tokens: int = 4
+    # The longest and shortest suffix looked up (tokens); the longest match wins.
+    ngram_min: int = 2
+    ngram_max: int = 4
+    # True: each step picks k (down to 0) from the measured acceptance and step costs, so
+    # speculation never makes a batch slower; False: always k (for measuring).
+    dynamic: bool = True
+    # method "draft": "" drafts with the target's own first `draft_layers` layers, then its
+    # final norm and LM head (self-speculation: no other weights, no KV cache of its own).
+    model: str = ""
+    draft_layers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.draft_layers < 1:
+            raise ConfigError(
+                f"speculative.draft_layers is {self.draft_layers}; give at least 1 (and fewer "
+                "than the model's layers)"
+            )
+        if self.model and self.method != "draft":
+            raise ConfigError(
+                f"speculative.model is {self.model!r} but speculative.method is "
+                f'{self.method!r}; set method = "draft" to draft with it'
+            )
+        if not 1 <= self.num_tokens <= MAX_DRAFT_TOKENS:
+            raise ConfigError(
+                f"speculative.num_tokens is {self.num_tokens}; give 1 to {MAX_DRAFT_TOKENS}"
+            )
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(
+                f"speculative.ngram_min is {self.ngram_min} and speculative.ngram_max "
+                f"{self.ngram_max}; give 1 <= ngram_min <= ngram_max"
+            )
+
+
 class ParallelOptions(_Section):
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -101,7 +144,9 @@ class RuntimeOptions(_Section):
     # tcp across hosts: the address of each global rank (rank R at rank_hosts[R]); a group's
     # sockets live on its driver's address, each rank's heartbeat on its own.
     rank_hosts: list[str] = []
-    base_port: int = 47000
+    # Below Linux's ephemeral range (32768-60999 by default): a port there can be held by any
+    # outgoing connection's local end, and a restarting rank would then fail to bind.
+    base_port: int = 27000
     heartbeat_interval_s: float = 1.0
     # Send-queue bound per result socket; past it, outputs wait in the client's outbox.
     result_hwm: int = 10000
@@ -236,6 +281,7 @@ class WorkerConfig(_Section):
     model: ModelOptions = ModelOptions()
     cache: CacheOptions = CacheOptions()
     scheduler: SchedulerOptions = SchedulerOptions()
+    speculative: SpeculativeOptions = SpeculativeOptions()
     device: DeviceOptions = DeviceOptions()
     parallel: ParallelOptions = ParallelOptions()
     runtime: RuntimeOptions = RuntimeOptions()

@@ -40,7 +40,12 @@ class LLMEngine:
         self.loaded = loaded
         self.tokenizer = tokenizer
         self.core = EngineCore(
-            executor, loaded, config.scheduler, None, config.cache.enable_prefix_caching
+            executor,
+            loaded,
+            config.scheduler,
+            None,
+            config.cache.enable_prefix_caching,
+            config.speculative,
         )
         self._request_ids = itertools.count()
         self._texts: dict[tuple[str, int], OutputText] = {}  # by request id and sample index

@@ -16,6 +16,9 @@ class Choice:
         self._text = OutputText(tokenizer, stop)
         self.text = ""
         self.num_tokens = 0
+        # Speculative decoding: drafts verified for this choice, and accepted.
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.logprobs: list[TokenLogprobs] = []
         self.prompt_logprobs: list[TokenLogprobs] | None = None
         self.finish_reason: str | None = None
@@ -23,6 +26,9 @@ class Choice:
     def add(self, out: RequestOutput) -> str:
         """The text this output adds (everything held back, at the end)."""
         self.num_tokens += len(out.token_ids)
+        if out.num_draft_tokens:
+            self.num_draft_tokens += out.num_draft_tokens
+            self.num_accepted_tokens += out.num_accepted_tokens
         delta = self._text.add(out.token_ids)
         if out.logprobs:
             self.logprobs += out.logprobs

@@ -13,38 +13,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aioworker.wire.gauges import STATE_GAUGES
 from aioworker.wire.protocol import Heartbeat
 
 # Seconds. A prefill takes 10 ms to minutes; a decode step a few ms to a second.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 640)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
                      0.5, 0.75, 1, 2.5, 5, 10)  # fmt: skip
-
-# name, help, what a heartbeat says of it.
-HEARTBEAT_GAUGES: tuple[tuple[str, str, Callable[[Heartbeat], float]], ...] = (
-    ("aioworker:num_requests_running", "Requests being computed.", lambda b: b.num_running),
-    ("aioworker:num_requests_waiting", "Requests queued for admission.", lambda b: b.num_waiting),
-    (
-        "aioworker:kv_cache_usage_perc",
-        "Fraction of KV blocks in use (0 to 1).",
-        lambda b: b.kv_blocks_used / b.kv_blocks_total if b.kv_blocks_total else 0.0,
-    ),
-    (
-        "aioworker:prefix_cache_blocks",
-        "KV blocks holding a cached prefix, in use or free.",
-        lambda b: b.kv_blocks_cached,
-    ),
-    (
-        "aioworker:prefix_cache_hit_tokens",
-        "Prompt tokens found computed in the prefix cache, since the group started.",
-        lambda b: b.prefix_hit_tokens,
-    ),
-    (
-        "aioworker:prefix_cache_queried_tokens",
-        "Prompt tokens looked up in the prefix cache, since the group started.",
-        lambda b: b.prefix_queried_tokens,
-    ),
-)
 
 
 class EngineMetrics:
@@ -133,7 +108,7 @@ class HeartbeatGauges(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         beats = self.heartbeats()
-        for name, doc, read in HEARTBEAT_GAUGES:
+        for name, doc, read in STATE_GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["model_name", "group"])
             for group, beat in enumerate(beats):
                 if beat is not None:

@@ -208,10 +208,19 @@ class Run:
             "model": self.gateway.model_name,
         }
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> dict[str, Any]:
         generated = sum(c.num_tokens for c in self.choices)
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.num_prompt_tokens,
             "completion_tokens": generated,
             "total_tokens": self.num_prompt_tokens + generated,
         }
+        drafts = sum(c.num_draft_tokens for c in self.choices)
+        if drafts:
+            # OpenAI's fields for predicted outputs: speculative drafts are predictions too.
+            accepted = sum(c.num_accepted_tokens for c in self.choices)
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": drafts - accepted,
+            }
+        return usage

@@ -16,9 +16,11 @@ WORKLOAD_HELP = (
     "returns at once, against echo baselines; api: the HTTP gateway against the raw client, "
     "fake executor; chat: a 4-turn chat, prefix caching on against off (embedded model, CPU); "
     "serve: the whole service under a streamed load, quiet and beside a busy process, against "
-    "the offline engine (CPU; --dtype picks the precision); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
+    "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
+    "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
+    "k=4 unless [speculative] says otherwise); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
 )
-ALONE = ("control", "api", "chat", "serve")
+ALONE = ("control", "api", "chat", "serve", "spec")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
         return run_chat(args)
     if args.workload == ["serve"]:
         return run_serve(args)
+    if args.workload == ["spec"]:
+        return run_spec(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control, api, chat or serve on its own")
+        return fail("run --workload control, api, chat, serve or spec on its own")
     return run_offline(args)
 
 
@@ -181,6 +185,56 @@ def run_chat(args: argparse.Namespace) -> int:
     print(table, notes, sep="\n")
     if args.record:
         append_to_doc(args.record, "Prefix caching: a 4-turn chat (embedded model)", table, notes)
+    return 0
+
+
+def run_spec(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from aioworker.bench import speculation
+    from aioworker.bench.report import append_to_doc
+    from aioworker.config import SpeculativeOptions
+    from aioworker.engine import LLMEngine
+
+    try:
+        config = config_from_args(args)
+        if config.device.kind != "cpu" and _has_cuda():
+            return run_spec_gpu(args.record)
+        if not config.speculative.method:
+            ngram = SpeculativeOptions(method="ngram", num_tokens=4)
+            config = msgspec.structs.replace(config, speculative=ngram)
+        engine = LLMEngine.from_config(config)
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    with engine:
+        result = speculation.run(engine)
+    tables, notes = speculation.tables(result, config.speculative)
+    print(*tables, notes, sep="\n\n")
+    if args.record:
+        append_to_doc(
+            args.record, "Speculative decoding, n-gram (embedded model)", "\n\n".join(tables), notes
+        )
+    return 0
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_spec_gpu(record: str | None) -> int:
+    from aioworker.bench import gpu_spec
+    from aioworker.bench.report import append_to_doc
+
+    for title, measure in (
+        ("Speculative decoding: the verify step (GPU)", gpu_spec.verify_cost),
+        ("Speculative decoding never slower (GPU)", gpu_spec.never_slower),
+    ):
+        table, notes = measure()
+        print(table, notes, sep="\n", flush=True)
+        if record:
+            append_to_doc(record, title, table, notes)
     return 0
 
 

@@ -48,6 +48,8 @@ columns:
   KV_BLOCKS  KV cache blocks used/total (driver only)
   CACHED     blocks holding a cached prefix, in use or free (driver only)
   HIT%       prompt tokens found in the prefix cache / prompt tokens looked up (driver only)
+  ACC%       speculative decoding: drafts accepted / drafts verified (driver only; - when off)
+  ACC_LEN    tokens a sequence gets per verifying step: accepted drafts + 1 (driver only)
   AGE_S      seconds since this rank's last beat arrived here
 
 --check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,

@@ -33,12 +33,13 @@ from aioworker.compute.loader import (
     load_weights,
 )
 from aioworker.compute.models.llama import LlamaForCausalLM
+from aioworker.compute.models.self_draft import SelfDraft
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
-from aioworker.compute.runner import ModelRunner
 from aioworker.compute.sampling.sampler import Sampler
+from aioworker.compute.step.runner import ModelRunner
 from aioworker.compute.thread_governor import ThreadGovernor
 from aioworker.compute.weights.rank_weights import RankWeights
-from aioworker.config import WorkerConfig
+from aioworker.config import ConfigError, WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
 
 log = logging.getLogger(__name__)
@@ -194,9 +195,33 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
         )
 
     allocate_cache()
-    runner = ModelRunner(model, backend, Sampler(config.model.seed, device), device, build.tp)
+    runner = ModelRunner(
+        model,
+        backend,
+        Sampler(config.model.seed, device),
+        device,
+        build.tp,
+        _draft_model(model, config),
+    )
     weights = RankWeights(runner, allocate_cache)
     return runner, weights, num_blocks
+
+
+def _draft_model(model, config: WorkerConfig) -> SelfDraft | None:
+    """The draft model where the executor drafts (speculative.method "draft")."""
+    options = config.speculative
+    if options.method != "draft":
+        return None
+    if options.model:
+        raise ConfigError(
+            f"speculative.model is {options.model!r}: drafting with a separate model is not "
+            "built yet; leave it empty to draft with the target's first "
+            "speculative.draft_layers layers"
+        )
+    try:
+        return SelfDraft(model, options.draft_layers)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _cpu_decode_kernel(build: _Build, layer) -> PagedDecode | None:
@@ -212,8 +237,8 @@ def _cpu_decode_kernel(build: _Build, layer) -> PagedDecode | None:
 
 
 def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
-    from aioworker.compute.cuda_runner import CudaModelRunner
     from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
+    from aioworker.compute.step.cuda_runner import CudaModelRunner
 
     config, device = build.config, build.device
     window = build.model_config.sliding_window
@@ -236,6 +261,10 @@ def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, 
             max_num_seqs=config.scheduler.max_num_seqs,
             max_model_len=build.max_model_len,
             max_capture_batch_size=capture,
+            max_verify_queries=config.speculative.num_tokens + 1
+            if config.speculative.method
+            else 0,
+            draft=_draft_model(model, config),
         )
 
     num_blocks = config.cache.num_blocks
@@ -258,8 +287,7 @@ def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, 
     runner = make_runner(num_blocks, capture)
     weights = RankWeights(runner, allocate_cache)
     build.report_phase("WARMING")
-    if runner.graphs is not None:
-        runner.graphs.capture()
+    runner.capture_graphs()
     runner.sampler.warm_up(build.model_config.vocab_size)
     return runner, weights, num_blocks
 

@@ -23,7 +23,7 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
-    from aioworker.compute.runner import ModelRunner, StepHandle
+    from aioworker.compute.step.runner import ModelRunner, StepHandle
     from aioworker.compute.thread_governor import ThreadGovernor
     from aioworker.compute.weights.rank_weights import RankWeights
 

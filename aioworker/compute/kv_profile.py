@@ -12,6 +12,7 @@ import torch
 
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block
 from aioworker.compute.sampling.sampler import SampleRow
+from aioworker.compute.step.cuda_graphs import MAX_VERIFY_GRAPH_BATCH
 from aioworker.core.plan import LogitControls, NewSeq, SamplingSettings, StepPlan
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,12 @@ def _largest_sampling(runner, vocab_size: int, num_rows: int, device) -> None:
 
 
 def _graph_reserve(config, model_config, dtype) -> int:
-    """Decode graphs' pool: logits and a few activations per captured row."""
+    """Decode graphs' pool, and the verify graphs' where speculation is on: logits and a few
+    activations per captured row."""
     if not config.device.cuda_graphs:
         return 0
     rows = min(config.device.max_capture_batch_size, config.scheduler.max_num_seqs)
+    if config.speculative.method:
+        rows += min(rows, MAX_VERIFY_GRAPH_BATCH) * (config.speculative.num_tokens + 1)
     element = torch.empty(0, dtype=dtype).element_size()
     return rows * (model_config.vocab_size + 32 * model_config.hidden_size) * element

@@ -12,3 +12,10 @@ def to_device(device: torch.device, values, dtype: torch.dtype | None = None) ->
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor
+
+
+def pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy to pinned host memory, queued behind the stream's work (read it after an event)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host

@@ -99,6 +99,21 @@ class BlockManager:
                     self._empty.append(block_id)
         seq.block_table = []
 
+    def trim(self, seq: Sequence, num_tokens: int) -> int:
+        """Give back the tail blocks of `seq` beyond what its first `num_tokens` tokens need
+        (slots written for drafts that were rejected). Returns how many were freed. Only blocks
+        full of known tokens ever get a content address, so trimmed blocks were never shared."""
+        keep = self.blocks_for_tokens(num_tokens)
+        tail = seq.block_table[keep:]
+        for block_id in reversed(tail):
+            if block_id in self._key_of_block:
+                raise ValueError(f"block {block_id} holds cached tokens and cannot be trimmed")
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self._empty.append(block_id)
+        del seq.block_table[keep:]
+        return len(tail)
+
     def _take(self) -> int:
         if self._empty:
             block_id = self._empty.popleft()

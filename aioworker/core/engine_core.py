@@ -4,6 +4,11 @@ launched ahead on the executor, outputs back.
 Up to MAX_IN_FLIGHT steps are in flight: while one runs on the device, the next is already
 scheduled and queued behind it, so the device never waits for the host between steps. The
 offline engine waits for the oldest step by blocking; the driver awaits it on its event loop.
+
+Speculative decoding changes one thing: a sequence's drafts follow its last known token, so
+while the policy wants drafts, and while a step with drafts runs, no step is scheduled ahead
+(the run-ahead rule in docs/architecture.md). The policy pays for that lost overlap: it times
+steps from one completion to the next, which includes the host's work between them.
 """
 
 from __future__ import annotations
@@ -17,20 +22,26 @@ from dataclasses import dataclass
 
 import msgspec
 
-from aioworker.config import SchedulerOptions
+from aioworker.config import SchedulerOptions, SpeculativeOptions
 from aioworker.core.admission import QueueFull, RequestValidator
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.plan_builder import logit_controls
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.core.scheduler import Scheduler
 from aioworker.core.sequence import Sequence
+from aioworker.core.speculation.ngram import NgramProposer
+from aioworker.core.speculation.policy import SpeculationPolicy
+from aioworker.core.speculation.speculator import Speculator
 from aioworker.core.stop_string_ends import StopStringEnds
 
 # Steps launched ahead: one running, one queued behind it on the device.
 MAX_IN_FLIGHT = 2
+# A step submitted this long after the previous one completed found the engine idle, not busy.
+_IDLE_GAP_S = 0.05
 
 
 @dataclass(slots=True)
@@ -48,6 +59,7 @@ class EngineCore:
         options: SchedulerOptions,
         num_blocks: int | None = None,
         enable_prefix_caching: bool = False,
+        speculative: SpeculativeOptions | None = None,
     ) -> None:
         """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's)."""
         self.executor = executor
@@ -63,12 +75,19 @@ class EngineCore:
             options.max_num_seqs,
             options.step_token_budget(loaded.device),
             loaded.max_model_len,
+            _speculator(
+                speculative, loaded.max_model_len, options.step_token_budget(loaded.device)
+            ),
         )
         self.in_flight: collections.deque[InFlightStep] = collections.deque()
         # Stamped on every output: which weights produced it.
         self.weights_version = 0
         self.last_step_id = -1  # of the newest completed step
         self._seq_ids = itertools.count()
+        self._last_completed_at = 0.0  # time.monotonic() of the newest completed step
+        # Whether work was left when it completed (the host's time until the next submission
+        # is then the engine's own, not idleness).
+        self._busy_after_completion = False
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -99,6 +118,8 @@ class EngineCore:
             next(self._seq_ids), request_id, prompt_token_ids, params, self.eos_token_ids
         )
         seq.sample_index = index
+        # Logit controls count and mask per step what a sequence has seen: no drafts there.
+        seq.can_speculate = logit_controls(params) is None
         return seq
 
     def abort(self, request_id: str) -> bool:
@@ -157,9 +178,13 @@ class EngineCore:
         """Schedule and submit steps until MAX_IN_FLIGHT are in flight or nothing can run.
         `before_submit` sees each plan first (the driver publishes it to its peers)."""
         while len(self.in_flight) < MAX_IN_FLIGHT:
+            if self.in_flight and self._must_wait_for_result():
+                return
             plan = self.scheduler.schedule()
             if plan is None:
                 return
+            if self.scheduler.speculator is not None and not self.in_flight:
+                self._observe_host_gap()
             if before_submit is not None:
                 before_submit(plan)
             future = self.executor.submit(plan)
@@ -169,10 +194,35 @@ class EngineCore:
         """The oldest step's result: tokens appended, finished requests ended; its outputs."""
         step = self.in_flight.popleft()
         self.last_step_id = step.plan.step_id
+        if self.scheduler.speculator is not None:
+            self._time_step(step)
         outputs = self.scheduler.update(step.plan, result, self.weights_version)
+        self._busy_after_completion = self.scheduler.has_work
         if self.stop_ends:
             outputs = self.stop_ends.apply(outputs, self.scheduler.stop_request)
         return outputs
+
+    def _must_wait_for_result(self) -> bool:
+        """Whether the next plan must wait for the newest step's tokens: it verifies drafts
+        (what follows is not known yet) or has the executor draft (the drafts come with its
+        result), or the next plan should propose drafts."""
+        plan = self.in_flight[-1].plan
+        return plan.has_drafts or plan.drafts_next or self.scheduler.wants_drafts()
+
+    def _time_step(self, step: InFlightStep) -> None:
+        """A step's device time: from its submission or the previous completion, whichever came
+        later, to its own completion."""
+        now = time.monotonic()
+        started = max(step.submitted_at, self._last_completed_at)
+        self.scheduler.speculator.policy.observe_step(step.plan.num_tokens, now - started)
+        self._last_completed_at = now
+
+    def _observe_host_gap(self) -> None:
+        """A step about to be submitted with none in flight waited for the host since the last
+        completion: the time that drafts expose, where work was waiting all along."""
+        gap = time.monotonic() - self._last_completed_at
+        if self._busy_after_completion and gap < _IDLE_GAP_S:
+            self.scheduler.speculator.policy.observe_host_gap(gap)
 
     def step(self) -> list[RequestOutput]:
         """Blocking: launch what can run, wait for the oldest step and return its outputs."""
@@ -180,3 +230,15 @@ class EngineCore:
         if not self.in_flight:
             return []
         return self.complete(self.in_flight[0].future.result())
+
+
+def _speculator(
+    options: SpeculativeOptions | None, max_model_len: int, step_budget: int
+) -> Speculator | None:
+    if options is None or not options.method:
+        return None
+    proposer = None  # method "draft": the executor drafts
+    if options.method == "ngram":
+        proposer = NgramProposer(options.ngram_min, options.ngram_max)
+    policy = SpeculationPolicy(options.num_tokens, options.dynamic, step_budget)
+    return Speculator(proposer, policy, max_model_len)

@@ -11,6 +11,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from aioworker.config import WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan, StepResult
@@ -22,6 +24,13 @@ FAKE_VOCAB_SIZE = 32000
 def fake_token(position: int) -> int:
     """The token a fake step samples at `position` of a sequence (never 0, the fake EOS)."""
     return 1 + (position * 7919) % (FAKE_VOCAB_SIZE - 1)
+
+
+def fake_draft(position: int) -> int:
+    """What the fake executor's draft model proposes at `position`: the token a fake step
+    samples there, except at every fifth position (so that some drafts are rejected)."""
+    token = fake_token(position)
+    return token if position % 5 else 1 + token % (FAKE_VOCAB_SIZE - 1)
 
 
 class FakeExecutor:
@@ -86,14 +95,20 @@ class FakeExecutor:
         if self.weights_released and not plan.is_empty:
             future.set_exception(RuntimeError("a step ran on released weights"))
             return
-        sampled = [
-            fake_token(start + num)
-            for start, num, do_sample in zip(
-                plan.start_positions, plan.num_scheduled_tokens, plan.sample, strict=True
-            )
-            if do_sample
-        ]
-        future.set_result(StepResult(plan.step_id, sampled))
+        if plan.has_drafts:
+            result = _verified(plan)
+        else:
+            sampled = [
+                fake_token(start + num)
+                for start, num, do_sample in zip(
+                    plan.start_positions, plan.num_scheduled_tokens, plan.sample, strict=True
+                )
+                if do_sample
+            ]
+            result = StepResult(plan.step_id, sampled)
+        if plan.drafts_next:
+            result = _with_next_drafts(plan, result)
+        future.set_result(result)
 
     def _run_phase(self, phase: WeightsPhase, future: Future) -> None:
         self.phases_run.append(phase.op)
@@ -105,6 +120,50 @@ class FakeExecutor:
         elif phase.op == "resume":
             self.weights_released = False
         future.set_result(0)
+
+
+def _verified(plan: StepPlan) -> StepResult:
+    """A plan with drafts, verified like a greedy model whose token at each position is
+    fake_token(position): the drafts that equal it, then the first one that differs."""
+    tokens, counts = [], []
+    end = 0
+    for start, num, num_drafts, do_sample in zip(
+        plan.start_positions,
+        plan.num_scheduled_tokens,
+        plan.num_draft_tokens,
+        plan.sample,
+        strict=True,
+    ):
+        end += num
+        if not do_sample:
+            continue
+        drafts = plan.input_token_ids[end - num_drafts : end]
+        position = start + num - num_drafts  # of the token sampled after the last known one
+        accepted = 0
+        while accepted < num_drafts and drafts[accepted] == fake_token(position + accepted):
+            accepted += 1
+        tokens += [*drafts[:accepted], fake_token(position + accepted)]
+        counts.append(accepted + 1)
+    return StepResult(plan.step_id, tokens, num_sampled=counts)
+
+
+def _with_next_drafts(plan: StepPlan, result: StepResult) -> StepResult:
+    """The drafts a draft model would propose after the step: fake_draft at the positions that
+    follow each sampled sequence's last kept token."""
+    starts, nums = plan.start_positions, plan.num_scheduled_tokens
+    ends = [start + num for start, num in zip(starts, nums, strict=True)]
+    asked = [
+        (end - (plan.num_draft_tokens[i] if plan.has_drafts else 0), k)
+        for i, (end, k, do_sample) in enumerate(
+            zip(ends, plan.num_next_drafts, plan.sample, strict=True)
+        )
+        if do_sample
+    ]
+    drafts = []
+    for (first, k), tokens in zip(asked, result.tokens_per_sequence(), strict=True):
+        last = first + len(tokens) - 1  # the position of the sequence's last kept token
+        drafts.append([fake_draft(last + 1 + i) for i in range(k)])
+    return msgspec.structs.replace(result, next_drafts=drafts)
 
 
 def fake_loaded_rank(config: WorkerConfig) -> LoadedRank:

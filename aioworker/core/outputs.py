@@ -63,6 +63,10 @@ class RequestOutput(msgspec.Struct, array_like=True, forbid_unknown_fields=True)
     stop_string: str | None = None
     # Which of the request's `n` samples these tokens belong to.
     sample_index: int = 0
+    # Speculative decoding: drafts this step verified for the sample, and how many of them it
+    # accepted (each accepted draft is one of token_ids); a request's are summed.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -85,9 +89,15 @@ class Completion:
     prompt_logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
     stop_string: str | None = None
+    # Speculative decoding: drafts verified, and accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def add(self, output: RequestOutput) -> None:
         self.token_ids += output.token_ids
+        if output.num_draft_tokens:
+            self.num_draft_tokens += output.num_draft_tokens
+            self.num_accepted_tokens += output.num_accepted_tokens
         if output.logprobs is not None:
             if self.logprobs is None:
                 self.logprobs = []

@@ -4,6 +4,16 @@ A plan carries deltas: a sequence's sampling settings and prompt length travel o
 and afterwards only its new tokens and newly allocated blocks do. Executors keep the rest, so
 plans stay small at hundreds of running requests. Plans are numbered: a rank that sees a gap
 has lost state and must stop.
+
+A step may verify drafts (speculative decoding): a sequence with k draft tokens is scheduled
+with 1 + k input tokens, its last known token then the drafts, and the step gives back between
+1 and k + 1 tokens for it: the drafts it accepted and one token of its own. Such a sequence has
+no token in flight when it is planned, so its inputs are never PENDING_TOKEN.
+
+Where drafts come from a model on the executor's side (a draft model or the target's own first
+layers), a plan also says which sequences to draft for after the step (`num_next_drafts`): the
+executor runs the draft from each one's last kept token and returns the drafts with the result
+(`next_drafts`), and the scheduler verifies them in the sequence's next step.
 """
 
 from __future__ import annotations
@@ -88,10 +98,28 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     new_seqs: list[NewSeq] = []
     # Finished, aborted or preempted since the last plan: executors drop their state first.
     released_seq_ids: list[int] = []
+    # Empty unless a sequence has drafts; then parallel to seq_ids: how many of a sequence's
+    # input tokens, at their end, are drafts to verify (0 for the others).
+    num_draft_tokens: list[int] = []
+    # (seq id, blocks kept) of sequences whose block tables were cut since the last plan (the
+    # blocks of rejected drafts went back): executors cut theirs before adding new blocks.
+    trimmed_block_tables: list[tuple[int, int]] = []
+    # Empty unless the executor drafts; then parallel to seq_ids: how many drafts to propose
+    # for a sampled sequence after this step, from its last kept token (0: none). The draft
+    # writes its KV at the positions of those drafts: their blocks are in the block table.
+    num_next_drafts: list[int] = []
 
     @property
     def num_tokens(self) -> int:
         return len(self.input_token_ids)
+
+    @property
+    def has_drafts(self) -> bool:
+        return bool(self.num_draft_tokens)
+
+    @property
+    def drafts_next(self) -> bool:
+        return bool(self.num_next_drafts)
 
     @property
     def is_empty(self) -> bool:
@@ -109,8 +137,25 @@ class PromptLogprobs(msgspec.Struct, array_like=True, frozen=True, forbid_unknow
 
 class StepResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step_id: int
-    # One token per sequence whose `sample` flag was set, in plan order.
+    # The tokens of each sequence whose `sample` flag was set, in plan order, concatenated: one
+    # each, unless the plan had drafts (then see num_sampled).
     sampled_token_ids: list[int]
     # Parallel to sampled_token_ids when any of them asked for logprobs (None where one did not).
     logprobs: list[TokenLogprobs | None] | None = None
     prompt_logprobs: list[PromptLogprobs] = []
+    # For a plan with drafts, per sampled sequence: how many of sampled_token_ids are its (the
+    # drafts it accepted, plus one). None: one each.
+    num_sampled: list[int] | None = None
+    # For a plan with num_next_drafts, per sampled sequence: the drafts proposed for its next
+    # step (empty where none were asked for).
+    next_drafts: list[list[int]] = []
+
+    def tokens_per_sequence(self) -> list[list[int]]:
+        """The sampled tokens of each sampled sequence, in plan order."""
+        if self.num_sampled is None:
+            return [[token] for token in self.sampled_token_ids]
+        out, start = [], 0
+        for count in self.num_sampled:
+            out.append(self.sampled_token_ids[start : start + count])
+            start += count
+        return out

@@ -29,6 +29,8 @@ class PlanBuilder:
         "sample",
         "input_ids",
         "new_seqs",
+        "drafted",
+        "next_drafts",
     )
 
     def __init__(self, block_manager: BlockManager) -> None:
@@ -44,6 +46,35 @@ class PlanBuilder:
         self.sample: list[bool] = []
         self.input_ids: list[int] = []
         self.new_seqs: list[NewSeq] = []
+        # (index in seq_ids, number of drafts) of each sequence scheduled with drafts.
+        self.drafted: list[tuple[int, int]] = []
+        # (index in seq_ids, drafts to propose after the step) where the executor drafts.
+        self.next_drafts: list[tuple[int, int]] = []
+
+    def ask_next_drafts(self, num_drafts: int, lookahead_block_ids: list[int]) -> None:
+        """The executor drafts `num_drafts` for the sequence added last, after its step; their
+        KV goes into `lookahead_block_ids` (appended to its table) where its blocks end first."""
+        self.next_drafts.append((len(self.seq_ids) - 1, num_drafts))
+        if lookahead_block_ids:
+            self.new_block_ids[-1] = [*self.new_block_ids[-1], *lookahead_block_ids]
+
+    def add_with_drafts(self, seq: Sequence, drafts: list[int], new_block_ids: list[int]) -> None:
+        """A decoding sequence (no token in flight) with drafts to verify: its last known token,
+        then the drafts, all computed this step; between 1 and len(drafts) + 1 tokens come back."""
+        start = seq.num_computed_tokens
+        self.drafted.append((len(self.seq_ids), len(drafts)))
+        self.seq_ids.append(seq.seq_id)
+        self.num_tokens.append(1 + len(drafts))
+        self.starts.append(start)
+        self.new_block_ids.append(new_block_ids)
+        self.input_ids.append(seq.token_ids[start])
+        self.input_ids.extend(drafts)
+        self.sample.append(True)
+        seq.num_computed_tokens = start + 1 + len(drafts)
+        seq.num_pending_tokens += 1
+        seq.num_draft_tokens = len(drafts)
+        if self.register is not None and (start + 1) // self.block_size > len(seq.block_hashes):
+            self.register(seq)  # addresses only known tokens: drafts never register
 
     def add(self, seq: Sequence, num_tokens: int, new_block_ids: list[int]) -> None:
         start = seq.num_computed_tokens
@@ -67,7 +98,12 @@ class PlanBuilder:
         if is_last:
             seq.num_pending_tokens += 1
 
-    def plan(self, step_id: int, released_seq_ids: list[int]) -> StepPlan:
+    def plan(
+        self,
+        step_id: int,
+        released_seq_ids: list[int],
+        trimmed_block_tables: list[tuple[int, int]] = (),
+    ) -> StepPlan:
         return StepPlan(
             step_id=step_id,
             seq_ids=self.seq_ids,
@@ -78,7 +114,19 @@ class PlanBuilder:
             input_token_ids=self.input_ids,
             new_seqs=self.new_seqs,
             released_seq_ids=released_seq_ids,
+            num_draft_tokens=self._per_seq(self.drafted),
+            num_next_drafts=self._per_seq(self.next_drafts),
+            trimmed_block_tables=list(trimmed_block_tables),
         )
+
+    def _per_seq(self, counts: list[tuple[int, int]]) -> list[int]:
+        """(index, count) pairs as a list parallel to seq_ids; empty where there are none."""
+        if not counts:
+            return []
+        out = [0] * len(self.seq_ids)
+        for index, count in counts:
+            out[index] = count
+        return out
 
 
 def new_seq(seq: Sequence) -> NewSeq:

@@ -5,6 +5,12 @@ waiting ones while the budget, `max_num_seqs` and free KV blocks allow. A long p
 into chunks that fit the budget. When a running sequence cannot grow, the newest running one is
 preempted: its blocks are freed and it is recomputed later from its tokens, which gives the
 same output because sampling depends only on a sequence's own tokens and seed.
+
+With a Speculator, a decoding sequence may be scheduled with drafts (core/speculation/): its
+step computes 1 + k tokens and gives back between 1 and k + 1. Its rejected drafts' slots are
+given back (`BlockManager.trim`) when the result comes in, and no draft ever registers a block
+in the prefix cache. Drafts never cost a preemption: where blocks or the token budget run
+short, a sequence is scheduled without them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.plan_builder import PlanBuilder, new_seq
 from aioworker.core.sequence import SeqStatus, Sequence
+from aioworker.core.speculation.speculator import Speculator
 
 _NO_BLOCKS: list[int] = []
 
@@ -27,8 +34,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        speculator: Speculator | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.speculator = speculator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -44,6 +53,8 @@ class Scheduler:
         # ones finish first).
         self.admit_new = True
         self._released_seq_ids: list[int] = []
+        # Block tables cut since the last plan: seq id -> blocks kept.
+        self._trimmed: dict[int, int] = {}
         self._next_step_id = 0
 
     # -- requests in and out ------------------------------------------------------------------
@@ -99,6 +110,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.seqs)
 
+    def wants_drafts(self) -> bool:
+        """Whether the next plan would give its sequences drafts: they must then have no token
+        in flight, so the engine does not schedule a step ahead."""
+        speculator = self.speculator
+        if speculator is None or not self.running:
+            return False
+        return speculator.policy.probe_due or speculator.num_draft_tokens(self.running) > 0
+
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan | None:
@@ -130,8 +149,11 @@ class Scheduler:
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         self._keep_prompt_logprobs(result)
+        if plan.has_drafts:
+            return self._update_verified(plan, result, weights_version)
         sampled = iter(result.sampled_token_ids)
         logprobs = iter(result.logprobs) if result.logprobs is not None else None
+        next_drafts = iter(result.next_drafts) if result.next_drafts else None
         outputs: list[RequestOutput] = []
         step_id = plan.step_id
         find, running = self.seqs.get, SeqStatus.RUNNING  # locals: this loop runs per sequence
@@ -141,6 +163,7 @@ class Scheduler:
                 continue
             token_id = next(sampled)
             entry = next(logprobs) if logprobs is not None else None
+            drafts = next(next_drafts) if next_drafts is not None else None
             seq = find(seq_id)
             if seq is None:
                 continue  # finished or aborted while the step ran
@@ -153,6 +176,8 @@ class Scheduler:
             if reason is not None:
                 self._finish(seq, reason, still_listed=True)
                 finished = True
+            elif drafts:
+                seq.next_drafts = drafts
             out = RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
             if seq.sample_index:
                 out.sample_index = seq.sample_index
@@ -162,6 +187,83 @@ class Scheduler:
         if finished:  # one pass instead of a list.remove per finished sequence
             self.running = [seq for seq in self.running if seq.status is running]
         return outputs
+
+    def _update_verified(
+        self, plan: StepPlan, result: StepResult, weights_version: int
+    ) -> list[RequestOutput]:
+        """`update` for a plan with drafts: each sampled sequence gets its accepted drafts and
+        one more token, cut short where one of them ends it."""
+        if result.num_sampled is None:
+            raise ValueError(f"result of step {result.step_id} has no counts for its drafts")
+        outputs: list[RequestOutput] = []
+        entries = result.logprobs
+        first = 0
+        num_proposed = num_accepted = num_verified = 0
+        drafted = (
+            (seq_id, k)
+            for seq_id, k, do_sample in zip(
+                plan.seq_ids, plan.num_draft_tokens, plan.sample, strict=True
+            )
+            if do_sample
+        )
+        next_drafts = iter(result.next_drafts) if result.next_drafts else None
+        for (seq_id, num_drafts), count in zip(drafted, result.num_sampled, strict=True):
+            tokens = result.sampled_token_ids[first : first + count]
+            logprobs = entries[first : first + count] if entries is not None else None
+            drafts = next(next_drafts) if next_drafts is not None else None
+            first += count
+            seq = self.seqs.get(seq_id)
+            if seq is None:
+                continue  # finished or aborted while the step ran
+            if seq.num_stale_tokens:
+                seq.num_stale_tokens -= 1  # scheduled before a preemption: recomputed later
+                continue
+            if num_drafts:
+                num_proposed += num_drafts
+                num_accepted += count - 1
+                num_verified += 1
+            out = self._append_verified(seq, num_drafts, tokens, logprobs, plan.step_id)
+            out.weights_version = weights_version
+            if drafts and out.finish_reason is None:
+                seq.next_drafts = drafts
+            outputs.append(out)
+        self.running = [seq for seq in self.running if seq.status is SeqStatus.RUNNING]
+        if self.speculator is not None:
+            self.speculator.policy.observe_verified(num_proposed, num_accepted, num_verified)
+        return outputs
+
+    def _append_verified(
+        self, seq: Sequence, num_drafts: int, tokens: list[int], logprobs, step_id: int
+    ) -> RequestOutput:
+        seq.num_pending_tokens -= 1
+        seq.num_draft_tokens = 0
+        # The step computed 1 + num_drafts positions; those past the accepted drafts are void.
+        seq.num_computed_tokens -= num_drafts + 1 - len(tokens)
+        num_accepted = len(tokens) - 1
+        seq.num_proposed_tokens += num_drafts
+        seq.num_accepted_tokens += num_accepted
+        reason = None
+        kept = 0
+        for token_id in tokens:
+            seq.token_ids.append(token_id)
+            kept += 1
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                break
+        tokens = tokens[:kept]
+        if reason is not None:
+            self._finish(seq, reason, still_listed=True)
+        elif self.block_manager.trim(seq, len(seq.token_ids)):
+            self._trimmed[seq.seq_id] = len(seq.block_table)
+        out = RequestOutput(seq.request_id, tokens, reason, None, step_id, 0)
+        out.num_draft_tokens, out.num_accepted_tokens = num_drafts, num_accepted
+        if seq.sample_index:
+            out.sample_index = seq.sample_index
+        if logprobs is not None and any(entry is not None for entry in logprobs):
+            out.logprobs = logprobs[:kept]
+        if seq.prompt_logprobs is not None and seq.num_output_tokens == len(tokens):
+            out.prompt_logprobs = seq.prompt_logprobs
+        return out
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -175,12 +277,29 @@ class Scheduler:
         """Returns the budget left and whether anything was preempted."""
         num_preemptions_before = self.num_preemptions
         block_size = self.block_manager.block_size
+        max_drafts = 0
+        if self.speculator is not None:
+            max_drafts = self.speculator.num_draft_tokens(self.running, probe=True)
+        num_asked = num_given = 0
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             index += 1
+            if seq.num_draft_tokens:
+                continue  # its drafts are being verified: what comes next is not known yet
             if self._finishes_with_pending(seq):
                 continue  # its token in flight is its last: nothing more to run
+            # Drafts never take the budget of the sequences after this one (`index`: past it).
+            room = budget - 1 - (len(self.running) - index) if max_drafts else 0
+            if room > 0 and self.speculator.may_speculate(seq):
+                drafts = self.speculator.drafts(seq, min(max_drafts, room))
+                num_asked += 1
+                num_given += bool(drafts)
+                if drafts and self._schedule_drafts(seq, drafts, builder):
+                    budget -= 1 + len(drafts)
+                    self._ask_next_drafts(seq, max_drafts, builder)
+                    continue
+            seq.next_drafts = []  # unused: they follow a token this step computes plainly
             start = seq.num_computed_tokens
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             num_missing = -(-(start + num_tokens) // block_size) - len(seq.block_table)
@@ -191,7 +310,37 @@ class Scheduler:
             else:
                 break  # `seq` itself was preempted, and so was every sequence after it
             budget -= num_tokens
+            if max_drafts:
+                self._ask_next_drafts(seq, max_drafts, builder)
+        if num_asked:
+            self.speculator.policy.observe_proposals(num_asked, num_given)
         return budget, self.num_preemptions > num_preemptions_before
+
+    def _schedule_drafts(self, seq: Sequence, drafts: list[int], builder: PlanBuilder) -> bool:
+        """Schedule `seq` with its drafts where free blocks hold them; False leaves it to the
+        plain path (drafts never preempt anyone)."""
+        blocks = self.block_manager
+        end = seq.num_computed_tokens + 1 + len(drafts)
+        num_missing = blocks.num_missing_blocks(seq, end)
+        if num_missing > blocks.num_free_blocks:
+            return False
+        builder.add_with_drafts(seq, drafts, blocks.append_blocks(seq, num_missing))
+        return True
+
+    def _ask_next_drafts(self, seq: Sequence, num_drafts: int, builder: PlanBuilder) -> None:
+        """Where the executor drafts: have it draft `num_drafts` for `seq` after this step, if
+        the step samples for it and free blocks hold the drafts' KV (never preempting anyone).
+        The drafts follow its last kept token, at most at the step's end position."""
+        if not (self.speculator.drafts_on_executor and builder.sample[-1] and seq.can_speculate):
+            return
+        end = seq.num_computed_tokens + num_drafts  # positions the draft writes, past the last
+        if end > self.max_model_len:
+            return
+        blocks = self.block_manager
+        num_missing = blocks.num_missing_blocks(seq, end)
+        if num_missing > blocks.num_free_blocks:
+            return
+        builder.ask_next_drafts(num_drafts, blocks.append_blocks(seq, num_missing))
 
     def _finishes_with_pending(self, seq: Sequence) -> bool:
         """Whether the token in flight will end `seq` by length (a stop token cannot be known)."""
@@ -233,7 +382,12 @@ class Scheduler:
             budget -= num_tokens
 
     def _build_plan(self, builder: PlanBuilder) -> StepPlan:
-        plan = builder.plan(self._next_step_id, self._released_seq_ids)
+        trimmed = []
+        if self._trimmed:
+            released = set(self._released_seq_ids)
+            trimmed = [item for item in self._trimmed.items() if item[0] not in released]
+            self._trimmed = {}
+        plan = builder.plan(self._next_step_id, self._released_seq_ids, trimmed)
         self._released_seq_ids = []
         self._next_step_id += 1
         return plan
@@ -243,6 +397,8 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_stale_tokens += seq.num_pending_tokens
         seq.num_pending_tokens = 0
+        seq.num_draft_tokens = 0
+        seq.next_drafts = []
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         self._released_seq_ids.append(seq.seq_id)

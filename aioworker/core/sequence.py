@@ -35,6 +35,11 @@ class Sequence:
         "sample_index",
         "followers",
         "leader",
+        "num_draft_tokens",
+        "can_speculate",
+        "next_drafts",
+        "num_proposed_tokens",
+        "num_accepted_tokens",
     )
 
     def __init__(
@@ -74,6 +79,16 @@ class Sequence:
         self.sample_index = 0
         self.followers: list[Sequence] | None = None
         self.leader: Sequence | None = None
+        # Speculative decoding: drafts in the step in flight (its token count is 1 + these);
+        # whether drafts may be proposed at all (not where logit controls need every token's
+        # own step); drafts proposed and accepted so far.
+        self.num_draft_tokens = 0
+        self.can_speculate = True
+        # Drafts the executor proposed after the sequence's last step (a draft model), for its
+        # next one; emptied when used or when they no longer follow its tokens.
+        self.next_drafts: list[int] = []
+        self.num_proposed_tokens = 0
+        self.num_accepted_tokens = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -46,13 +46,31 @@ class StopStringEnds:
             stream = self._streams.get(key)
             if stream is None:
                 continue
-            stream.add(out.token_ids)
+            kept = _add_until_matched(stream, out.token_ids)
             if stream.matched is not None:
                 if not out.finished:
                     stop_request(*key)
                 outputs[index] = msgspec.structs.replace(
-                    out, finish_reason=FinishReason.STOP, stop_string=stream.matched
+                    out,
+                    token_ids=out.token_ids[:kept],
+                    logprobs=None if out.logprobs is None else out.logprobs[:kept],
+                    finish_reason=FinishReason.STOP,
+                    stop_string=stream.matched,
                 )
             if outputs[index].finished:
                 del self._streams[key]
         return outputs
+
+
+def _add_until_matched(stream: OutputText, token_ids: list[int]) -> int:
+    """Feed the tokens one by one until one completes a stop string; returns how many were
+    fed. A step that verified drafts gives several tokens, and those after the one that
+    completes a stop string are not the request's."""
+    if len(token_ids) == 1:
+        stream.add(token_ids)
+        return 1
+    for count, token_id in enumerate(token_ids, 1):
+        stream.add([token_id])
+        if stream.matched is not None:
+            return count
+    return len(token_ids)

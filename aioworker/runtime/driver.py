@@ -101,6 +101,7 @@ class Driver:
             self.config.scheduler,
             num_blocks,
             self.config.cache.enable_prefix_caching,
+            self.config.speculative,
         )
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group
@@ -158,6 +159,7 @@ class Driver:
             )
         scheduler = self.core.scheduler
         blocks = scheduler.block_manager
+        policy = scheduler.speculator.policy if scheduler.speculator is not None else None
         return ServingInfo(
             len(scheduler.running),
             len(scheduler.waiting),
@@ -168,6 +170,7 @@ class Driver:
             blocks.num_hit_tokens,
             blocks.num_queried_tokens,
             self.loaded.max_model_len,
+            *((policy.num_proposed, policy.num_accepted, policy.num_verified) if policy else ()),
         )
 
     def _on_client_gone(self, client) -> None:
@@ -240,6 +243,14 @@ class Driver:
             "prefix_queried_tokens": info.prefix_queried_tokens,
             "prefix_hit_rate": round(
                 info.prefix_hit_tokens / max(1, info.prefix_queried_tokens), 4
+            ),
+            "spec_draft_tokens": info.spec_draft_tokens,
+            "spec_accepted_tokens": info.spec_accepted_tokens,
+            "spec_acceptance_rate": round(
+                info.spec_accepted_tokens / max(1, info.spec_draft_tokens), 4
+            ),
+            "spec_mean_accepted_length": round(
+                1 + info.spec_accepted_tokens / info.spec_verified if info.spec_verified else 0, 3
             ),
             "num_requests": len(self.requests) if self.requests is not None else 0,
             "num_tokens_generated": rank.progress.num_tokens_generated,

@@ -34,6 +34,10 @@ class ServingInfo(NamedTuple):
     prefix_queried_tokens: int = 0
     # Once loaded (driver): the longest prompt plus output a request may have.
     max_model_len: int = 0
+    # Speculative decoding (driver): drafts verified, accepted, and sequences verified.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verified: int = 0
 
 
 class HeartbeatSource:
@@ -78,6 +82,9 @@ class HeartbeatSource:
             prefix_hit_tokens=info.prefix_hit_tokens,
             prefix_queried_tokens=info.prefix_queried_tokens,
             max_model_len=info.max_model_len,
+            spec_draft_tokens=info.spec_draft_tokens,
+            spec_accepted_tokens=info.spec_accepted_tokens,
+            spec_verified=info.spec_verified,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

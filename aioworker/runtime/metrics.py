@@ -13,6 +13,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from aioworker.runtime.heartbeat import ServingInfo
+from aioworker.wire.gauges import STATE_GAUGES
 
 log = logging.getLogger(__name__)
 
@@ -29,24 +30,8 @@ class WorkerMetrics:
         def gauge(name: str, doc: str, read) -> None:
             Gauge(name, doc, ["group"], registry=self.registry).labels(label).set_function(read)
 
-        def running() -> float:
-            return float(serving_info().num_running)
-
-        def waiting() -> float:
-            return float(serving_info().num_waiting)
-
-        def usage() -> float:
-            info = serving_info()
-            return info.kv_blocks_used / info.kv_blocks_total if info.kv_blocks_total else 0.0
-
-        gauge("aioworker:num_requests_running", "Requests being computed.", running)
-        gauge("aioworker:num_requests_waiting", "Requests queued for admission.", waiting)
-        gauge(
-            "aioworker:kv_cache_usage_perc",
-            "Fraction of KV blocks in use (0 to 1).",
-            usage,
-        )
-        _prefix_cache_gauges(gauge, serving_info)
+        for name, doc, read in STATE_GAUGES:
+            gauge(name, doc, lambda read=read: read(serving_info()))
         self.ttft = self._histogram(
             "aioworker:time_to_first_token_seconds", "Submit to first token.", label
         )
@@ -93,21 +78,3 @@ class WorkerMetrics:
     def on_finished(self, arrival: float, reason: str) -> None:
         self.e2e.observe(time.monotonic() - arrival)
         self.finished.labels(self.group, reason).inc()
-
-
-def _prefix_cache_gauges(gauge, serving_info: Callable[[], ServingInfo]) -> None:
-    gauge(
-        "aioworker:prefix_cache_blocks",
-        "KV blocks holding a cached prefix, in use or free.",
-        lambda: float(serving_info().kv_blocks_cached),
-    )
-    gauge(
-        "aioworker:prefix_cache_hit_tokens",
-        "Prompt tokens found computed in the prefix cache, since start.",
-        lambda: float(serving_info().prefix_hit_tokens),
-    )
-    gauge(
-        "aioworker:prefix_cache_queried_tokens",
-        "Prompt tokens looked up in the prefix cache, since start.",
-        lambda: float(serving_info().prefix_queried_tokens),
-    )

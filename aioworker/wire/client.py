@@ -27,13 +27,7 @@ from aioworker.core.outputs import Completion, ErrorKind, FinishReason, RequestO
 from aioworker.core.sampling_params import InvalidRequestError, SamplingParams
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.group_watch import GroupWatch
-from aioworker.wire.health import (
-    FINAL_STATES,
-    MISSING,
-    STALE_AFTER_INTERVALS,
-    RankState,
-    takes_requests,
-)
+from aioworker.wire.health import STALE_AFTER_INTERVALS, takes_requests
 from aioworker.wire.protocol import (
     RESULT_DECODER,
     AbortRequest,
@@ -43,6 +37,7 @@ from aioworker.wire.protocol import (
     SubmitRequest,
     encode,
 )
+from aioworker.wire.routing import pick_group, refusal
 from aioworker.wire.security import ClientSecurity, stop_authenticator
 from aioworker.wire.transport import (
     all_group_endpoints,
@@ -269,9 +264,15 @@ class Client:
         self._owner[request_id] = group
         self._in_flight[group] += 1
         stream = RequestStream(request_id, group, queue, params.n)
-        refusal = self._refusal(group, len(message.prompt_token_ids), len(frames[1]))
-        if refusal is not None:
-            reason, kind = refusal
+        refused = refusal(
+            self._watch,
+            group,
+            len(message.prompt_token_ids),
+            len(frames[1]),
+            self.max_message_bytes,
+        )
+        if refused is not None:
+            reason, kind = refused
             self._deliver(
                 RequestOutput(request_id, [], FinishReason.ERROR, reason, error_kind=kind)
             )
@@ -282,27 +283,6 @@ class Client:
             )
         await self._pushes[group].send_multipart(frames)
         return stream
-
-    def _refusal(
-        self, group: int, num_prompt_tokens: int, num_bytes: int
-    ) -> tuple[str, ErrorKind] | None:
-        """Why the request cannot be sent to `group` at all, or None. The prompt's length is
-        checked against the max_model_len the group's driver beats (unknown before its first
-        beat: the group then refuses a long prompt itself)."""
-        max_model_len = self._watch.max_model_lens[group]
-        if max_model_len and num_prompt_tokens > max_model_len:
-            reason = f"prompt has {num_prompt_tokens} tokens; max_model_len is {max_model_len}"
-            return reason, ErrorKind.INVALID
-        if num_bytes > self.max_message_bytes:
-            return (
-                f"request of {num_bytes} bytes exceeds runtime.max_message_bytes "
-                f"({self.max_message_bytes}); shorten the prompt or the sampling parameters",
-                ErrorKind.INVALID,
-            )
-        if self._watch.is_lost[group]:
-            reason = f"group {group} is lost: no heartbeat; request not sent"
-            return reason, ErrorKind.UNAVAILABLE
-        return None
 
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
@@ -390,26 +370,15 @@ class Client:
     # -- internals ----------------------------------------------------------------------------
 
     def _pick_group(self) -> int:
-        """The group with the fewest of our requests in flight (ties in turn) among the first
-        of: READY groups; groups that queue requests (paused, updating weights); groups that
-        beat, whatever their state (their refusal says why, and their state may be newer than
-        the last beat); every group (a lost one ends the request at once)."""
         if len(self.task_endpoints) == 1:
             return 0  # nothing to choose: skip reading the beats on every submission
-        states, lost = self.group_states(), self._watch.is_lost
-        alive = [
-            g
-            for g, state in enumerate(states)
-            if not lost[g] and state != MISSING and state not in FINAL_STATES
-        ]
-        ready = [g for g in alive if states[g] == RankState.READY]
-        queuing = [g for g in alive if self.takes_requests(states[g])]
-        candidates = ready or queuing or alive or range(len(self.task_endpoints))
-        fewest = min(self._in_flight[g] for g in candidates)
-        while True:
-            group = next(self._round_robin)
-            if group in candidates and self._in_flight[group] == fewest:
-                return group
+        return pick_group(
+            self.group_states(),
+            self._watch.is_lost,
+            self._in_flight,
+            self.takes_requests,
+            self._round_robin,
+        )
 
     async def _read_results(self) -> None:
         # The same socket read without waiting: what has arrived is taken in one go, not one

@@ -44,7 +44,7 @@ STALE = "STALE"
 
 COLUMNS = (
     "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "CACHED", "HIT%", "TOK/S",
-    "WEIGHTS", "PID",
+    "ACC%", "ACC_LEN", "WEIGHTS", "PID",
     "AGE_S", "DETAIL",
 )  # fmt: skip
 
@@ -146,6 +146,8 @@ def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
         str(beat.kv_blocks_cached),
         f"{100 * beat.prefix_hit_rate:.1f}",
         f"{beat.tokens_per_s:.1f}",
+        f"{100 * beat.spec_acceptance_rate:.1f}" if beat.spec_draft_tokens else "-",
+        f"{beat.spec_mean_accepted_length:.2f}" if beat.spec_verified else "-",
         str(beat.weights_version),
         str(beat.pid),
         f"{now - seen.received_at:.1f}",

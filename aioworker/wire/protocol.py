@@ -22,7 +22,10 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 # cache figures in heartbeats. 5: the driver's max_model_len in heartbeats; a submit's reply_to
 # before its prompt (wire/submit_head.py); logit controls in SamplingParams and the plan's
 # sampling settings; NewSeq carries the tokens seen where penalties or bad words need them.
-PROTOCOL_VERSION = 5
+# 6: speculative decoding: plans carry draft counts (StepPlan.num_draft_tokens), results are
+# ragged (StepResult.num_sampled), and speculation figures travel in heartbeats. 7: drafts
+# made on the executor (StepPlan.num_next_drafts asks, StepResult.next_drafts answers).
+PROTOCOL_VERSION = 7
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
@@ -197,6 +200,20 @@ class Heartbeat(_Message, tag="heartbeat"):
     # The longest prompt plus output the group takes (driver only, once loaded; 0 before): a
     # client refuses a longer prompt itself instead of sending it.
     max_model_len: int = 0
+    # Speculative decoding (driver only, since the rank started): drafts verified, drafts
+    # accepted, and sequences verified (one per sequence per step with drafts).
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_verified: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
+
+    @property
+    def spec_mean_accepted_length(self) -> float:
+        """Tokens a sequence gets per verifying step: its accepted drafts and one more."""
+        return 1.0 + self.spec_accepted_tokens / self.spec_verified if self.spec_verified else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

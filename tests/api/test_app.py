@@ -12,6 +12,7 @@ import time
 import pytest
 
 from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.fake_executor import fake_token
 from tests.api.inprocess import MODEL, ServedGateway
 from tests.api.service import request
 
@@ -141,6 +142,28 @@ def test_the_sampling_controls_users_send_are_served(served) -> None:
     status, answer = post(served, "/v1/completions", body)
     assert status == 200, answer
     assert answer["model"] == MODEL and answer["usage"]["completion_tokens"] == 5
+
+
+def test_speculative_drafts_are_counted_in_the_usage(tmp_path, tokenizer) -> None:
+    """The prompt holds the fake model's next tokens, so n-gram drafts copied from it are
+    verified and accepted; a prompt without them gets no drafts."""
+    speculative = {
+        "speculative.method": "ngram",
+        "speculative.dynamic": False,
+        "speculative.ngram_min": 1,
+    }
+    prompt = [fake_token(8 + i) for i in range(8)]  # what positions 8.. will sample
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 6}
+    with ServedGateway(tmp_path, tokenizer, speculative) as served:
+        status, answer = post(served, "/v1/completions", body)
+        plain_status, plain = post(served, "/v1/completions", {**body, "prompt": [5, 6, 7]})
+    assert status == 200 and plain_status == 200, answer
+    assert answer["usage"]["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 4,  # after the first token, one step of four drafts
+        "rejected_prediction_tokens": 0,
+    }
+    assert answer["usage"]["completion_tokens"] == 6
+    assert "completion_tokens_details" not in plain["usage"]  # nothing was predicted
 
 
 def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(served) -> None:

@@ -79,6 +79,10 @@ def test_group_gauges_come_from_the_heartbeats(scraped) -> None:
         "aioworker:kv_cache_usage_perc",
         "aioworker:prefix_cache_hit_tokens",
         "aioworker:prefix_cache_queried_tokens",
+        "aioworker:prefix_cache_blocks",
+        "aioworker:spec_decode_num_draft_tokens",
+        "aioworker:spec_decode_num_accepted_tokens",
+        "aioworker:spec_decode_num_verified",
     ):
         assert value(samples, name, group="0") >= 0
     queried = value(samples, "aioworker:prefix_cache_queried_tokens", group="0")

@@ -94,9 +94,12 @@ def test_beat_table_is_ready_when_every_rank_is_ready() -> None:
 def test_table_row_shows_every_field() -> None:
     row = table_row((1, 2), seen(0.5), NOW)
     assert row == (
-        "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "2", "42", "0.5", "",
+        "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "-", "-", "2", "42",
+        "0.5", "",
     )  # fmt: skip
     assert len(row) == len(COLUMNS)
+    speculating = seen(0.5, spec_draft_tokens=40, spec_accepted_tokens=30, spec_verified=10)
+    assert table_row((1, 2), speculating, NOW)[10:12] == ("75.0", "4.00")
     assert table_row((0, 1), None, NOW) == ("0.1", MISSING) + ("-",) * (len(COLUMNS) - 2)
 
 

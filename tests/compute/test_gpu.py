@@ -361,3 +361,58 @@ def test_tp2_over_nccl_equals_tp1_in_float32(tmp_path) -> None:
     for ours, theirs in zip(completions, expected, strict=True):
         assert_logprobs_close(ours.logprobs, theirs.logprobs)
         assert_logprobs_close(ours.prompt_logprobs, theirs.prompt_logprobs)
+
+
+class ReplayDrafts:
+    """Each prompt's own greedy continuation as its drafts: the target as its own draft."""
+
+    def __init__(self, runs: list[list[int]]) -> None:
+        self.runs = runs
+
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        for run in self.runs:
+            if run[: len(token_ids)] == token_ids:
+                return run[len(token_ids) : len(token_ids) + max_tokens]
+        return []
+
+
+def test_speculation_verifies_through_the_paged_kernel_and_keeps_the_tokens(
+    tmp_path, monkeypatch
+) -> None:
+    from aioworker.compute.layers.attention import cuda_backend
+
+    build_tiny_model("llama", tmp_path)
+    batch = prompts(384)
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    seeded = SamplingParams(temperature=1.0, seed=9, max_tokens=16, ignore_eos=True, n=2)
+    plain = engine(tmp_path, **{"model.dtype": "float32"})
+    try:
+        expected = [c.token_ids for c in plain.generate(batch, greedy)]
+    finally:
+        plain.close()
+    calls = []
+    kernel = cuda_backend.paged_decode
+    monkeypatch.setattr(
+        cuda_backend,
+        "paged_decode",
+        lambda *args, **kw: calls.append(kw.get("queries")) or kernel(*args, **kw),
+    )
+    speculative = {"speculative.method": "ngram", "speculative.dynamic": False}
+    eng = engine(tmp_path, **{"model.dtype": "float32", **speculative})
+    try:
+        ngram = [c.token_ids for c in eng.generate(batch, greedy)]
+        speculator = eng.scheduler.speculator
+        speculator.proposer = ReplayDrafts([p + e for p, e in zip(batch, expected, strict=True)])
+        proposed, accepted = speculator.policy.num_proposed, speculator.policy.num_accepted
+        replayed = [c.token_ids for c in eng.generate(batch, greedy)]
+        proposed = speculator.policy.num_proposed - proposed
+        accepted = speculator.policy.num_accepted - accepted
+        samples = [[c.token_ids for c in eng.generate(batch[:2], seeded)] for _ in range(2)]
+        verify_graph_runs = eng.executor.runner.verify_graphs.num_runs
+    finally:
+        eng.close()
+    assert verify_graph_runs > 0
+    assert ngram == expected and replayed == expected
+    assert proposed > 0 and accepted / proposed >= 0.99
+    assert samples[0] == samples[1]
+    assert any(queries is not None and queries[2] == 5 for queries in calls)

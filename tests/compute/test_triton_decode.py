@@ -85,3 +85,38 @@ def test_paged_decode_matches_reference(
     )
     error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
     assert error < (1e-5 if dtype == torch.float32 else 1e-2), error
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
+    num_splits,
+) -> None:
+    """A verify step's rows: each query token of a sequence attends causally, like a decode of
+    its own position (the reference, row by row)."""
+    generator = torch.Generator().manual_seed(7 + num_splits)
+    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
+    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
+    query_lens = torch.tensor([1, 5, 3, 8], dtype=torch.int32)
+    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
+    block_tables = torch.randperm(num_blocks, generator=generator)[: batch * max_blocks].view(
+        batch, max_blocks
+    )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator)
+    v_cache = torch.randn(shape, generator=generator)
+    q = torch.randn(int(query_lens.sum()), num_heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    # Row by row: query j of a sequence with n queries sees context_len - n + 1 + j positions.
+    row_seq = torch.repeat_interleave(torch.arange(batch), query_lens.long())
+    starts = torch.cumsum(query_lens, 0) - query_lens
+    row_query = torch.arange(len(q)) - starts[row_seq]
+    row_lens = context_lens[row_seq] - query_lens[row_seq] + 1 + row_query
+    expected = reference(q, k_cache, v_cache, block_tables[row_seq], row_lens, scale)
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    queries = (to(starts.int()), to(query_lens), int(query_lens.max()))
+    out = paged_decode(
+        to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens), scale,
+        num_splits, queries=queries,
+    )  # fmt: skip
+    error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
+    assert error < 1e-5, error

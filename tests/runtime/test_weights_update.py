@@ -88,7 +88,10 @@ async def _collect(stream) -> list:
 @pytest.mark.parametrize("mode", ["wait", "keep", "abort"])
 def test_update_from_disk_while_32_requests_stream(models, expected_new, mode: str) -> None:
     old, new = models
-    config, set_args = deployment(**{"model.path": str(old), **SMALL})
+    # keep: with n-gram speculation too, whose drafts are verified across the swap.
+    speculative = {"speculative.method": "ngram", "speculative.dynamic": False}
+    extra = speculative if mode == "keep" else {}
+    config, set_args = deployment(**{"model.path": str(old), **SMALL, **extra})
     with running(config, set_args):
         greedy_probes(config)  # the old weights' KV of the probes, cached
         outputs, reply = update_while_streaming(config, new, mode)
@@ -105,6 +108,7 @@ def test_update_from_disk_while_32_requests_stream(models, expected_new, mode: s
     elif mode == "keep":  # the same requests continued on the new weights
         assert all(t.finish_reason == "length" for t in terminals)
         assert all(v[0] == 0 and v[-1] == 2 and sorted(v) == v for v in versions)
+        assert status["spec_accepted_tokens"] > 0
     else:
         assert all(t.finish_reason == "abort" and "weights update" in t.error for t in terminals)
     assert after == expected_new

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from aioworker.checkpoint.model_config import ModelConfig
+from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
 from aioworker.compute.layers.norm import RMSNorm
@@ -42,7 +43,7 @@ class LlamaAttention(nn.Module):
         self.k_cache = self.v_cache = torch.empty(0)
 
     def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
         # x: [T, D]
         num_tokens = x.shape[0]
@@ -78,7 +79,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, residual, attn
+        self,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        x: torch.Tensor,
+        residual,
+        attn: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns this layer's MLP output and the residual stream before it is added: the next
         layer (or the final norm) adds them, fused with its norm."""
@@ -98,11 +103,20 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionContext,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """`num_layers`: run only the first this many layers, then the final norm (a
+        self-draft); None: all."""
         x = self.embed_tokens(token_ids)
         rope = self.rotary.cos_sin(positions)
         residual = None
-        for layer in self.layers:
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for layer in layers:
             x, residual = layer(rope, x, residual, attn)
         return add_rms_norm(self.norm, x, residual)[0]
 
@@ -125,9 +139,16 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
-        """token_ids, positions: [T] -> final hidden states [T, D]."""
-        return self.model(token_ids, positions, attn)
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionContext,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """token_ids, positions: [T] -> final hidden states [T, D] (after the first
+        `num_layers` layers only, where given)."""
+        return self.model(token_ids, positions, attn, num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

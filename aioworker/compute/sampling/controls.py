@@ -2,7 +2,7 @@
 the sampler's device, admitted and released with the plans, and for each step the rows that use
 a control, so that each control runs one set of tensor ops over all of them.
 
-In a step: min_tokens masking (the sampler), then `process_logits` (allowed ids, logit_bias and
+In a step: min_tokens masking (the step pipeline's logits stage), then `process_logits` (allowed ids, logit_bias and
 one-token bad words; bad words of several tokens; penalties), temperature, `truncate` (min_p),
 top-k and top-p, the draw, then `record` (counts and windows take the drawn tokens). A rank
 whose running sequences use no control holds no state and builds no StepControls.

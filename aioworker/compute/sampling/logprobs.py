@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aioworker.compute.small_copies import pinned_copy
 from aioworker.core.outputs import TokenLogprobs
 from aioworker.core.plan import PromptLogprobs, StepPlan, StepResult
 
@@ -30,14 +31,8 @@ class LogprobTensors:
         if self.chosen.device.type != "cuda":
             return self
         return LogprobTensors(
-            *(_pinned_copy(t) for t in (self.chosen, self.top_ids, self.top_values))
+            *(pinned_copy(t) for t in (self.chosen, self.top_ids, self.top_values))
         )
-
-
-def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    return host
 
 
 def token_logprobs(scaled: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobTensors:
@@ -143,31 +138,42 @@ class StepLogprobs:
             self.prompt.to_host() if self.prompt is not None else None,
         )
 
-    def result(self, step_id: int, token_ids: list[int]) -> StepResult:
-        """The StepResult, once the host copies are complete."""
+    def result(
+        self,
+        step_id: int,
+        token_ids: list[int],
+        num_sampled: list[int] | None = None,
+        rows: list[int] | None = None,
+    ) -> StepResult:
+        """The StepResult, once the host copies are complete. `rows`: the sampled rows that
+        `token_ids` come from, where a step verified drafts (`num_sampled` per sequence)."""
         logprobs = None
         if self.tokens is not None:
-            logprobs = _entries(self.tokens, token_ids, self.token_ks)
+            rows = range(len(token_ids)) if rows is None else rows
+            logprobs = _entries(self.tokens, token_ids, self.token_ks, rows)
         prompt = []
         if self.prompt is not None:
             prompt = _prompt_entries(self.prompt, self.spans)
-        return StepResult(step_id, token_ids, logprobs, prompt)
+        return StepResult(step_id, token_ids, logprobs, prompt, num_sampled)
 
 
 def _entries(
-    host: LogprobTensors, token_ids: list[int], ks: list[int]
+    host: LogprobTensors, token_ids: list[int], ks: list[int], rows
 ) -> list[TokenLogprobs | None]:
     chosen, top_ids, top_values = (
         host.chosen.tolist(),
         host.top_ids.tolist(),
         host.top_values.tolist(),
     )
-    return [
-        TokenLogprobs(token, chosen[i], tuple(top_ids[i][:k]), tuple(top_values[i][:k]))
-        if k >= 0
-        else None
-        for i, (token, k) in enumerate(zip(token_ids, ks, strict=True))
-    ]
+    entries = []
+    for token, i in zip(token_ids, rows, strict=True):
+        k = ks[i]
+        entries.append(
+            TokenLogprobs(token, chosen[i], tuple(top_ids[i][:k]), tuple(top_values[i][:k]))
+            if k >= 0
+            else None
+        )
+    return entries
 
 
 def _prompt_entries(host: LogprobTensors, spans: list[PromptSpan]) -> list[PromptLogprobs]:

@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens masking, the
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, the
 logit controls of compute/sampling/controls.py where a step's rows use them, and the sampled tokens'
 logprobs (compute/sampling/logprobs.py).
 
@@ -22,6 +22,8 @@ from aioworker.compute.small_copies import to_device
 from aioworker.core.plan import SamplingSettings
 
 _MASK64 = (1 << 64) - 1
+# Keeps the acceptance draws of speculative decoding apart from a seed's noise draws.
+_UNIFORM_SALT = 0x5851F42D4C957F2D
 
 
 @dataclass(slots=True)
@@ -67,10 +69,10 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, rows: list[SampleRow], controls: StepControls | None = None
     ) -> tuple[torch.Tensor, LogprobTensors | None]:
-        """The sampled token ids, and their logprobs where any row asked for them. `controls`:
-        the step's rows that use logit controls (None where none does)."""
+        """The sampled token ids, and their logprobs where any row asked for them. `logits`: the
+        step pipeline's logits stage's output (masks applied). `controls`: the step's rows that
+        use logit controls (None where none does)."""
         logits = logits.float()
-        _mask_stop_tokens(logits, rows)
         if controls is not None:
             controls.process_logits(logits)
         k = max(row.sampling.logprobs for row in rows)
@@ -96,17 +98,37 @@ class Sampler:
         controls: StepControls | None,
     ) -> torch.Tensor:
         """`scaled`: logits / temperature, 1 where greedy (those rows take the argmax)."""
-        truncated = scaled if controls is None else controls.truncate(scaled)
-        truncated = _apply_top_k_top_p(truncated, rows)
-        if self.draw_rows is not None:
-            sampled_ids = self.draw_rows(truncated, to_device(logits.device, self._keys(rows)))
-        else:
-            probs = torch.softmax(truncated, dim=-1)
-            sampled_ids = (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
+        sampled_ids = self.draw(self.truncate(scaled, rows, controls), rows)
         is_greedy = [row.sampling.temperature == 0.0 for row in rows]
         if not any(is_greedy):
             return sampled_ids
         return torch.where(to_device(logits.device, is_greedy), logits.argmax(dim=-1), sampled_ids)
+
+    @staticmethod
+    def truncate(
+        scaled: torch.Tensor, rows: list[SampleRow], controls: StepControls | None
+    ) -> torch.Tensor:
+        """min_p, top-k and top-p: -inf where a row may not draw."""
+        truncated = scaled if controls is None else controls.truncate(scaled)
+        return _apply_top_k_top_p(truncated, rows)
+
+    def draw(self, truncated: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """One token per row, token i with probability softmax(truncated)_i (seeded rows from
+        their (seed, position) key)."""
+        if self.draw_rows is not None:
+            return self.draw_rows(truncated, to_device(truncated.device, self._keys(rows)))
+        probs = torch.softmax(truncated, dim=-1)
+        return (probs / self._noise(rows, probs.shape[-1])).argmax(dim=-1)
+
+    def uniforms(self, rows: list[SampleRow]) -> list[float]:
+        """One uniform draw in [0, 1) per row: from (seed, position) where seeded, so that a
+        seeded request's speculative acceptances reproduce; a stream apart from the noise."""
+        return [
+            random.Random(derive_seed(row.sampling.seed ^ _UNIFORM_SALT, row.position)).random()
+            if row.sampling.seed is not None
+            else self.unseeded_keys.random()
+            for row in rows
+        ]
 
     def _keys(self, rows: list[SampleRow]) -> list[int]:
         """Each row's 63-bit noise key: from (seed, position) where seeded, else fresh."""
@@ -126,12 +148,6 @@ class Sampler:
                 generator.manual_seed(derive_seed(row.sampling.seed, row.position))
                 noise[i].exponential_(generator=generator)
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
-
-
-def _mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    for i, row in enumerate(rows):
-        if row.num_output_tokens < row.sampling.min_tokens and row.sampling.stop_token_ids:
-            logits[i, to_device(logits.device, row.sampling.stop_token_ids)] = float("-inf")
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

@@ -15,7 +15,7 @@ from aioworker.compute.weights.staging import commit, stage, stage_from_director
 from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
-    from aioworker.compute.runner import ModelRunner
+    from aioworker.compute.step.runner import ModelRunner
 
 
 class RankWeights:

@@ -104,15 +104,6 @@ def test_seeded_draws_differ_by_position(make_sampler) -> None:
     assert derive_seed(5, 1) != derive_seed(5, 2) and 0 <= derive_seed(2**62, 7) < 2**63
 
 
-def test_min_tokens_masks_stop_tokens_until_reached(make_sampler) -> None:
-    logits = torch.zeros(2, 10)
-    logits[:, 3] = 100.0  # the stop token dominates
-    row_settings = settings(0.0, min_tokens=4, stop=[3])
-    early, late = SampleRow(row_settings, 10, 3), SampleRow(row_settings, 11, 4)
-    out = make_sampler(0)(logits, [early, late]).tolist()
-    assert out[0] != 3 and out[1] == 3
-
-
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

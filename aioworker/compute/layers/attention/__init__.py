@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from aioworker.compute.layers.attention.backend import AttentionBackend
 from aioworker.compute.layers.attention.torch_backend import TorchAttentionBackend
 
-__all__ = ["AttentionContext", "TorchAttentionBackend", "select_cuda_backend"]
+__all__ = ["AttentionBackend", "AttentionContext", "TorchAttentionBackend", "select_cuda_backend"]
 
 
-def select_cuda_backend(name: str, block_size: int):
+def select_cuda_backend(name: str, block_size: int) -> AttentionBackend:
     """`auto` and `triton`: our Triton paged decode; `xformers`: xformers' paged decode kernel.
     Both prefill through FlashAttention-2's varlen kernel."""
     if name in ("auto", "triton"):
@@ -28,6 +31,6 @@ class AttentionContext:
 
     __slots__ = ("backend", "metadata")
 
-    def __init__(self, backend, metadata) -> None:
+    def __init__(self, backend: AttentionBackend, metadata: Any) -> None:
         self.backend = backend
         self.metadata = metadata

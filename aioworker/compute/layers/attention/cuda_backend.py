@@ -26,11 +26,14 @@ _VARLEN_GQA = varlen_attn is not None and "enable_gqa" in inspect.signature(varl
 
 @dataclass
 class DecodePart:
-    rows: torch.Tensor | None  # [Bd] batch rows that decode; None when every row does
+    rows: torch.Tensor | None  # [Td] token rows attended this way; None when every row is
     block_tables: torch.Tensor  # [Bd, max_blocks] int32
-    context_lens: torch.Tensor  # [Bd] int32, including the new token
+    context_lens: torch.Tensor  # [Bd] int32, including the sequence's query tokens
     num_splits: int
     context_lens_host: list[int] | None = None  # for kernels that take host-side lengths
+    # Where a sequence verifies drafts (several query tokens): each one's first query row among
+    # the rows [Bd] int32, query counts [Bd] int32, and the largest; None: one query each.
+    queries: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
 
 @dataclass
@@ -55,6 +58,8 @@ class CudaAttentionMetadata:
 class CudaAttentionBackend:
     name = "triton"
     supports_graphs = True
+    # Its decode kernel takes several query tokens per sequence: verify steps read paged KV.
+    verifies_paged = True
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -95,7 +100,14 @@ class CudaAttentionBackend:
 
     def decode(self, q, k_cache, v_cache, part: DecodePart, scale: float) -> torch.Tensor:
         return paged_decode(
-            q, k_cache, v_cache, part.block_tables, part.context_lens, scale, part.num_splits
+            q,
+            k_cache,
+            v_cache,
+            part.block_tables,
+            part.context_lens,
+            scale,
+            part.num_splits,
+            queries=part.queries,
         )
 
 

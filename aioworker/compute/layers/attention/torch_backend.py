@@ -52,6 +52,7 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend:
     name = "torch"
+    supports_graphs = False
 
     def __init__(
         self, block_size: int, sliding_window: int | None, decode_kernel: PagedDecode | None = None

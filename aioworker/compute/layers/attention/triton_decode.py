@@ -1,9 +1,13 @@
-"""Paged decode attention in Triton: one query token per sequence against its cached context.
+"""Paged decode attention in Triton: a few query tokens per sequence (one for a decode, up to
+MAX_QUERIES for a step verifying drafts) against its cached context.
 
 Each program takes one (sequence, KV head, split of the context) and all the query heads that
-share that KV head, so every K/V byte is read once per group (GQA). Keys are visited in tiles of
-TILE_N tokens gathered from the block table; an online softmax keeps the running max and sum.
-With several splits, a second small kernel merges the partial results by their log-sum-exp.
+share that KV head, for every query token of the sequence, so every K/V byte is read once per
+group (GQA) and once for all of a verify step's queries: its rows are (query j, head g), query j
+seeing the context up to its own position (the sequence's last q positions are its queries,
+their K/V already written). Keys are visited in tiles of TILE_N tokens gathered from the block
+table; an online softmax keeps the running max and sum. With several splits, a second small
+kernel merges each query row's partial results by their log-sum-exp.
 
 Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], any block size.
 """
@@ -22,6 +26,8 @@ def _decode_partial(
     v_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    query_starts_ptr,
+    query_lens_ptr,
     out_ptr,
     lse_ptr,
     scale,
@@ -38,7 +44,9 @@ def _decode_partial(
     stride_l_head,
     num_splits,
     GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    MULTI: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
@@ -54,16 +62,29 @@ def _decode_partial(
     tile_start = split * tiles_per_split
     tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
 
-    offs_g = tl.arange(0, GROUP_PAD)
+    if MULTI:
+        query_start = tl.load(query_starts_ptr + seq)
+        num_queries = tl.load(query_lens_ptr + seq)
+    else:
+        query_start, num_queries = seq, 1
+    offs_r = tl.arange(0, ROWS_PAD)  # row r: query r // GROUP_P2, head r % GROUP_P2
+    query = offs_r // GROUP_P2
+    offs_g = offs_r % GROUP_P2
+    row_ok = (offs_g < GROUP) & (query < num_queries)
+    # Query j sees positions below this: the context up to and including its own position.
+    limit = context_len - num_queries + 1 + query
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, TILE_N)
     heads = kv_head * GROUP + offs_g
-    q_ptrs = q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=(offs_g < GROUP)[:, None], other=0.0)  # [G, D]
+    token = query_start + query
+    q_ptrs = (
+        q_ptr + token[:, None] * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
+    )
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [R, D]
 
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max
-    total = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp(score - m)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    m = tl.full([ROWS_PAD], float("-inf"), tl.float32)  # running max
+    total = tl.zeros([ROWS_PAD], tl.float32)  # running sum of exp(score - m)
+    acc = tl.zeros([ROWS_PAD, HEAD_DIM], tl.float32)
     table = block_tables_ptr + seq * stride_bt_seq
     for tile in range(tile_start, tile_end):
         pos = tile * TILE_N + offs_n
@@ -73,32 +94,37 @@ def _decode_partial(
         kv_offs = row[:, None] + kv_head * stride_k_head + offs_d[None, :]
         k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)  # [N, D]
         v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [G, N]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [R, N]
+        scores = tl.where(pos[None, :] < limit[:, None], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m - m_new)
+        # A row may see no key of this tile (an early query, a split of later keys only).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new
 
     out = acc / total[:, None]
     if DIRECT:  # one split: this is the final output, in the query's dtype
-        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + offs_d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=(offs_g < GROUP)[:, None])
+        o_ptrs = (
+            out_ptr
+            + token[:, None] * stride_o_seq
+            + heads[:, None] * stride_o_head
+            + offs_d[None, :]
+        )
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         o_ptrs = (
             out_ptr
-            + seq * stride_o_seq
+            + token[:, None] * stride_o_seq
             + heads[:, None] * stride_o_head
             + split * stride_o_split
             + offs_d[None, :]
         )
-        tl.store(o_ptrs, out, mask=(offs_g < GROUP)[:, None])
+        tl.store(o_ptrs, out, mask=row_ok[:, None])
         lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
-        tl.store(
-            lse_ptr + seq * stride_l_seq + heads * stride_l_head + split, lse, mask=offs_g < GROUP
-        )
+        tl.store(lse_ptr + token * stride_l_seq + heads * stride_l_head + split, lse, mask=row_ok)
 
 
 @triton.jit
@@ -145,6 +171,8 @@ def _merge_splits(
 
 
 TILE_N = 64
+# Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
+MAX_QUERIES = 16
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -164,13 +192,24 @@ def paged_decode(
     num_splits: int,
     out: torch.Tensor | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
-    """q: [B, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
-    int32; context_lens: [B] int32 (>= 1). Returns [B, Hq, D]. Launches only: safe to capture
-    in a CUDA graph when `out` and `workspace` are static."""
-    batch, num_heads, head_dim = q.shape
+    """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
+    int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
+    query per sequence (T = B) unless `queries` = (first query row of each sequence [B] int32,
+    query count of each [B] int32, the largest count): a sequence's queries are its last
+    positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
+    CUDA graph when `out` and `workspace` are static."""
+    num_rows, num_heads, head_dim = q.shape
+    batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    max_queries = 1 if queries is None else queries[2]
+    if not 1 <= max_queries <= MAX_QUERIES:
+        raise ValueError(
+            f"{max_queries} query tokens per sequence; the kernel takes 1 to {MAX_QUERIES}"
+        )
+    query_starts, query_lens = (context_lens, context_lens) if queries is None else queries[:2]
     out = torch.empty_like(q) if out is None else out
     direct = num_splits == 1
     if direct:
@@ -179,22 +218,25 @@ def paged_decode(
     else:
         if workspace is None:
             partial = torch.empty(
-                batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+                num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
             )
-            lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+            lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
         else:
-            partial, lse = workspace[0][:batch], workspace[1][:batch]
+            partial, lse = workspace[0][:num_rows], workspace[1][:num_rows]
         p_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
         l_strides = (lse.stride(0), lse.stride(1))
     _decode_partial[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale,
+        q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
+        scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         *p_strides, *l_strides,
         num_splits,
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_P2=triton.next_power_of_2(group),
+        ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
+        MULTI=queries is not None,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         TILE_N=TILE_N,
@@ -203,7 +245,7 @@ def paged_decode(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     if not direct:
-        _merge_splits[(batch, num_heads)](
+        _merge_splits[(num_rows, num_heads)](
             partial, lse, out,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),

@@ -14,6 +14,7 @@ from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
 class XformersAttentionBackend(CudaAttentionBackend):
     name = "xformers"
     supports_graphs = False
+    verifies_paged = False  # verify steps' rows go through the prefill kernel
 
     def __init__(self, block_size: int) -> None:
         if block_size % 64:

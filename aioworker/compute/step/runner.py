@@ -1,5 +1,6 @@
-"""One step pipeline for every runner: apply the plan's state -> prepare -> forward -> logits ->
-sample and share -> record -> a handle on the result.
+"""One step pipeline for every runner: apply the plan's state -> prepare -> forward -> the logits
+stage (logits.py) -> sample and share -> record -> draft (drafting.py, where the plan asks and
+a draft model is loaded) -> a handle on the result.
 
 `ModelRunner.launch` is that template, written once. A runner overrides only `prepare` (the
 plan as tensors its forward reads), `forward` (eager or a captured graph), `record` (where the
@@ -16,15 +17,20 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Protocol
 
+import msgspec
 import numpy as np
 import torch
 
-from aioworker.compute.layers.attention import AttentionContext
+from aioworker.compute.layers.attention import AttentionBackend, AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
 from aioworker.compute.parallel import TensorParallel
 from aioworker.compute.sampling.controls import SamplingControls, StepControls
 from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans, score_prompts
 from aioworker.compute.sampling.sampler import Sampler, SampleRow
+from aioworker.compute.sampling.verify import DraftRows, verify
+from aioworker.compute.small_copies import to_device
+from aioworker.compute.step.drafting import NextDrafts, propose_next_drafts
+from aioworker.compute.step.logits import logits_stage
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
 
 
@@ -59,16 +65,53 @@ class CompletedStep:
         return self._result
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PreparedStep:
     """What `prepare` gives the shared stages; runners add what their forward reads."""
 
     sample_rows: list[SampleRow]  # what each sampled row samples with
     spans: list  # prompt positions scored for prompt logprobs (logprobs.prompt_spans)
-    sample_idx: torch.Tensor | None  # [S] token rows whose next token is sampled
+    sample_idx: torch.Tensor | None  # [R] token rows whose next token is sampled
+    drafts: DraftRows | None = None  # where the plan has drafts to verify
 
 
 @dataclass
+class Sampled:
+    """What the sample stage gives: a token per sampled row, and where the step verified drafts
+    how many of its rows' tokens each sequence keeps."""
+
+    tokens: torch.Tensor  # [R]
+    counts: torch.Tensor | None = None  # [S]
+    drafts: DraftRows | None = None
+    next_drafts: NextDrafts | None = None  # made after the step, for the next one
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.tokens) if self.drafts is None else len(self.drafts.rows_per_seq)
+
+    def last_tokens(self) -> torch.Tensor:
+        """[S]: each sampled sequence's last kept token (its next step's input)."""
+        if self.counts is None:
+            return self.tokens
+        firsts = np.cumsum(self.drafts.rows_per_seq) - self.drafts.rows_per_seq
+        return self.tokens[to_device(self.tokens.device, firsts) + self.counts - 1]
+
+    def result(self, step_id: int, extra: StepLogprobs) -> StepResult:
+        """The StepResult, once tokens (and counts, and next drafts) are on the host."""
+        tokens = self.tokens.tolist()
+        if self.counts is None:
+            result = extra.result(step_id, tokens)
+        else:
+            counts = self.counts.tolist()
+            kept = self.drafts.emitted_rows(counts)
+            result = extra.result(step_id, [tokens[i] for i in kept], counts, kept)
+        if self.next_drafts is None:
+            return result
+        drafts = self.next_drafts.per_sequence(self.num_seqs, self.next_drafts.tokens.tolist())
+        return msgspec.structs.replace(result, next_drafts=drafts)
+
+
+@dataclass(kw_only=True)
 class StepInputs(PreparedStep):
     """The CPU runner's prepared step."""
 
@@ -90,12 +133,16 @@ class ModelRunner:
     def __init__(
         self,
         model: torch.nn.Module,
-        backend,
+        backend: AttentionBackend,
         sampler: Sampler,
         device: torch.device,
         tp: TensorParallel,
+        draft=None,
     ) -> None:
+        """`draft`: the draft model where the executor drafts (a module with the target's
+        forward and compute_logits: models/self_draft.py), else None."""
         self.model = model
+        self.draft = draft
         self.backend = backend
         self.sampler = sampler
         self.device = device
@@ -133,27 +180,37 @@ class ModelRunner:
             extra.prompt = score_prompts(
                 out.hidden, step.spans, self.model.compute_logits, self.tp.is_driver
             )
-        tokens = None
+        sampled = None
         if step.sample_rows:
             logits = out.logits
             if logits is None:
                 logits = self.model.compute_logits(out.hidden[step.sample_idx])
-            tokens = self.sample(plan, step, logits, extra)
+            sampled = self.sample(plan, step, logits_stage(logits, step.sample_rows), extra)
+            if plan.drafts_next:
+                sampled.next_drafts = self.draft_next(plan, step, sampled)
         if not self.tp.is_driver:
             return CompletedStep(StepResult(plan.step_id, []))
-        return self.complete(plan.step_id, tokens, extra)
+        return self.complete(plan.step_id, sampled, extra)
 
     def sample(
         self, plan: StepPlan, step: PreparedStep, logits: torch.Tensor, extra: StepLogprobs
-    ) -> torch.Tensor:
-        """The driver samples; every rank gets its tokens and records them for the next plan."""
-        tokens = None
+    ) -> Sampled:
+        """The driver samples (or verifies drafts); every rank gets its tokens and records them
+        for the next plan."""
+        sampled = None
         if self.tp.is_driver:
-            controls = self.step_controls(plan)
-            tokens, extra.tokens = self.sampler.sample(logits, step.sample_rows, controls)
-        tokens = self.share_samples(tokens, len(step.sample_rows))
-        self.record(plan, step, tokens)
-        return tokens
+            controls = self.step_controls(plan, step)
+            if step.drafts is None:
+                tokens, extra.tokens = self.sampler.sample(logits, step.sample_rows, controls)
+                sampled = Sampled(tokens)
+            else:
+                tokens, counts, extra.tokens = verify(
+                    self.sampler, logits, step.sample_rows, step.drafts, controls
+                )
+                sampled = Sampled(tokens, counts, step.drafts)
+        sampled = self.share_samples(sampled, step)
+        self.record(plan, step, sampled)
+        return sampled
 
     # -- what a runner overrides --------------------------------------------------------------
 
@@ -163,16 +220,39 @@ class ModelRunner:
     def forward(self, plan: StepPlan, step: StepInputs) -> Forwarded:
         return Forwarded(self.model(step.token_ids, step.positions, step.attn))
 
-    def record(self, plan: StepPlan, step: PreparedStep, tokens: torch.Tensor) -> None:
-        self.remember_samples(plan, tokens.tolist())
+    def record(self, plan: StepPlan, step: PreparedStep, sampled: Sampled) -> None:
+        self.remember_samples(plan, sampled.last_tokens().tolist())
 
-    def complete(
-        self, step_id: int, tokens: torch.Tensor | None, extra: StepLogprobs
-    ) -> StepHandle:
-        token_list = tokens.tolist() if tokens is not None else []
-        return CompletedStep(extra.result(step_id, token_list))
+    def complete(self, step_id: int, sampled: Sampled | None, extra: StepLogprobs) -> StepHandle:
+        if sampled is None:
+            return CompletedStep(extra.result(step_id, []))
+        return CompletedStep(sampled.result(step_id, extra))
+
+    def draft_step(
+        self, seq_ids: list[int], token_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step of the draft model for these sequences: its logits [n, V]."""
+        slots = [
+            SeqSlots(1, position, self.seqs[seq_id].block_table)
+            for seq_id, position in zip(seq_ids, positions.tolist(), strict=True)
+        ]
+        attn = AttentionContext(self.backend, self.backend.build_metadata(slots, self.device))
+        return self.draft.compute_logits(self.draft(token_ids, positions, attn))
 
     # -- shared parts -------------------------------------------------------------------------
+
+    def draft_next(self, plan: StepPlan, step: PreparedStep, sampled: Sampled) -> NextDrafts:
+        """Every rank drafts (the draft's layers are sharded like the target's); each gets the
+        same full logits, so the same greedy drafts, and the driver reports them."""
+        if self.draft is None:
+            raise PlanError(f"step {plan.step_id} asks for drafts, and no draft model is loaded")
+        positions = np.fromiter((row.position for row in step.sample_rows), np.int64)
+        if step.drafts is not None:
+            rows_per_seq = np.asarray(step.drafts.rows_per_seq)
+            positions = positions[np.cumsum(rows_per_seq) - rows_per_seq]
+        return propose_next_drafts(
+            plan, positions, sampled.last_tokens(), sampled.counts, self.draft_step
+        )
 
     def remember_samples(self, plan: StepPlan, token_ids: list[int]) -> None:
         sampled_ids = [
@@ -181,24 +261,42 @@ class ModelRunner:
         for seq_id, token in zip(sampled_ids, token_ids, strict=True):
             self.seqs[seq_id].last_sampled = token
 
-    def step_controls(self, plan: StepPlan) -> StepControls | None:
+    def step_controls(self, plan: StepPlan, step: PreparedStep) -> StepControls | None:
         """The rows of this step's sampling that use logit controls (one check when none can)."""
         if not self.controls:
             return None
-        return self.controls.for_step(compress(plan.seq_ids, plan.sample))
+        if step.drafts is None:
+            return self.controls.for_step(compress(plan.seq_ids, plan.sample))
+        # A sequence with drafts has a row per draft and one more (and never uses controls).
+        row_seq_ids = [
+            seq_id
+            for seq_id, num_rows in zip(
+                compress(plan.seq_ids, plan.sample), step.drafts.rows_per_seq, strict=True
+            )
+            for _ in range(num_rows)
+        ]
+        return self.controls.for_step(row_seq_ids)
 
-    def share_samples(self, tokens: torch.Tensor | None, num_rows: int) -> torch.Tensor:
-        """Give every tensor-parallel rank the driver's sampled tokens: each needs them as the
-        next step's inputs. On the driver `tokens` is given; peers pass None and receive."""
+    def share_samples(self, sampled: Sampled | None, step: PreparedStep) -> Sampled:
+        """Give every tensor-parallel rank the driver's sampled tokens (and counts): each needs
+        them as the next step's inputs. On the driver `sampled` is given; peers pass None and
+        receive."""
         if self.tp.size == 1:
-            return tokens
+            return sampled
         import torch.distributed as dist
 
-        if tokens is None:
-            tokens = torch.empty(num_rows, dtype=torch.int64, device=self.device)
-        tokens = tokens.to(torch.int64)
-        dist.broadcast(tokens, src=0)
-        return tokens
+        num_rows = len(step.sample_rows)
+        num_counts = 0 if step.drafts is None else len(step.drafts.rows_per_seq)
+        if sampled is None:
+            shared = torch.empty(num_rows + num_counts, dtype=torch.int64, device=self.device)
+        else:
+            parts = [sampled.tokens.to(torch.int64)]
+            if sampled.counts is not None:
+                parts.append(sampled.counts.to(torch.int64))
+            shared = torch.cat(parts)
+        dist.broadcast(shared, src=0)
+        counts = shared[num_rows:] if num_counts else None
+        return Sampled(shared[:num_rows], counts, step.drafts)
 
     def resolve_pending(self, plan: StepPlan) -> list[int]:
         """The plan's input ids with each PENDING_TOKEN replaced by the token sampled for it."""
@@ -219,6 +317,8 @@ class ModelRunner:
             self.scoring_prompts.discard(seq_id)
         if self.controls:
             self.controls.release(plan.released_seq_ids)
+        for seq_id, num_blocks in plan.trimmed_block_tables:
+            del self.seqs[seq_id].block_table[num_blocks:]
         for new in plan.new_seqs:
             self.seqs[new.seq_id] = _SeqState(
                 [], new.num_prompt_tokens, new.sampling, token_ids=new.token_ids
@@ -235,8 +335,11 @@ class ModelRunner:
                 )
             state.block_table.extend(block_ids)
 
-    def sample_rows(self, plan: StepPlan) -> tuple[list[int], list[SampleRow]]:
-        """Batch rows whose next token is sampled, and what each one samples with."""
+    def sample_rows(self, plan: StepPlan) -> tuple[list[int], list[SampleRow], DraftRows | None]:
+        """Batch rows whose next token is sampled, what each one samples with, and the drafts
+        those rows verify (None where the plan has none)."""
+        if plan.has_drafts:
+            return self.draft_sample_rows(plan)
         sample_idx, rows = [], []
         token_offset = 0
         for seq_id, num_tokens, start, do_sample in zip(
@@ -248,7 +351,37 @@ class ModelRunner:
                 end = start + num_tokens
                 sample_idx.append(token_offset - 1)
                 rows.append(SampleRow(state.sampling, end, end - state.num_prompt_tokens))
-        return sample_idx, rows
+        return sample_idx, rows, None
+
+    def draft_sample_rows(self, plan: StepPlan) -> tuple[list[int], list[SampleRow], DraftRows]:
+        """`sample_rows` for a plan with drafts: a sequence with k drafts samples at its last
+        k + 1 token rows, row j at the position of draft j (row k after the last draft)."""
+        sample_idx, rows = [], []
+        drafts = DraftRows([], [])
+        token_offset = 0
+        inputs = plan.input_token_ids
+        for seq_id, num_tokens, start, num_drafts, do_sample in zip(
+            plan.seq_ids,
+            plan.num_scheduled_tokens,
+            plan.start_positions,
+            plan.num_draft_tokens,
+            plan.sample,
+            strict=True,
+        ):
+            token_offset += num_tokens
+            if not do_sample:
+                continue
+            state = self.seqs[seq_id]
+            end = start + num_tokens
+            first = token_offset - 1 - num_drafts
+            for j in range(num_drafts + 1):
+                position = end - num_drafts + j
+                sample_idx.append(first + j)
+                rows.append(SampleRow(state.sampling, position, position - state.num_prompt_tokens))
+            drafts.draft_ids.extend(inputs[first + 1 : token_offset])
+            drafts.draft_ids.append(-1)
+            drafts.rows_per_seq.append(num_drafts + 1)
+        return sample_idx, rows, drafts
 
     def prepare_inputs(self, plan: StepPlan) -> StepInputs:
         seq_slots, positions = [], []
@@ -257,9 +390,10 @@ class ModelRunner:
         ):
             seq_slots.append(SeqSlots(num_tokens, start, self.seqs[seq_id].block_table))
             positions.append(np.arange(start, start + num_tokens))
-        sample_idx, rows = self.sample_rows(plan)
+        sample_idx, rows, drafts = self.sample_rows(plan)
         device = self.device
         return StepInputs(
+            drafts=drafts,
             sample_rows=rows,
             spans=prompt_spans(plan, self.seqs) if self.scoring_prompts else [],
             sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=device),

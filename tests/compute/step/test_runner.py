@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from aioworker.compute.runner import CompletedStep
+from aioworker.compute.step.runner import CompletedStep
 from aioworker.core.plan import LogitControls, NewSeq, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
@@ -60,7 +60,7 @@ def test_cpu_launch_samples_before_it_returns_and_execute_agrees(tiny_engine) ->
 
 def test_the_cuda_runner_overrides_only_its_stages_of_the_one_pipeline() -> None:
     pytest.importorskip("triton")
-    from aioworker.compute.cuda_runner import CudaModelRunner
+    from aioworker.compute.step.cuda_runner import CudaModelRunner
 
     stages = {"launch", "sample", "execute", "prepare", "forward", "record", "complete"}
     assert stages & set(vars(CudaModelRunner)) == {"prepare", "forward", "record", "complete"}
