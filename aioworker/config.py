@@ -101,9 +101,14 @@ class SpeculativeOptions(_Section):
     # speculation never makes a batch slower; False: always k (for measuring).
     dynamic: bool = True
     # method "draft": "" drafts with the target's own first `draft_layers` layers, then its
-    # final norm and LM head (self-speculation: no other weights, no KV cache of its own).
+    # final norm and LM head (self-speculation: no other weights, no KV cache of its own); else
+    # a draft model of its own, as model.path takes one (a directory, a .gguf file, "embedded"),
+    # with the target's tokenizer, its own weights and its own KV cache.
     model: str = ""
     draft_layers: int = 2
+    # Ranks a separate draft is split over: 0 (as the target is) or 1 (a whole copy on every
+    # rank: a small draft's step then needs no all-reduce).
+    draft_tensor_parallel_size: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_layers < 1:

@@ -21,7 +21,10 @@ from tests.tiny_models import build_tiny_model
 NGRAM = {"speculative.method": "ngram", "speculative.num_tokens": 4, "speculative.dynamic": False}
 # The embedded model's first 24 of 30 layers as its draft: strong enough to be accepted often.
 SELF_DRAFT = {**NGRAM, "speculative.method": "draft", "speculative.draft_layers": 24}
-METHODS = {"ngram": NGRAM, "self-draft": SELF_DRAFT}
+# The embedded model drafting for itself, with its own weights and cache: a draft equal to the
+# target.
+SEPARATE_DRAFT = {**NGRAM, "speculative.method": "draft", "speculative.model": "embedded"}
+METHODS = {"ngram": NGRAM, "self-draft": SELF_DRAFT, "separate-draft": SEPARATE_DRAFT}
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
@@ -103,12 +106,23 @@ class ReplayProposer:
 
 
 def test_a_draft_equal_to_the_target_is_accepted(embedded_engine, speculating) -> None:
-    if speculating.scheduler.speculator.drafts_on_executor:
-        pytest.skip("replays drafts through the host proposer's seam")
+    speculator = speculating.scheduler.speculator
+    if speculator.drafts_on_executor:
+        if not speculating.executor.runner.draft.owns_cache:
+            pytest.skip("a self-draft is not the target")
+        [prompt] = copy_prompts(embedded_engine, 1)
+        proposed_before, accepted_before = (
+            speculator.policy.num_proposed,
+            speculator.policy.num_accepted,
+        )
+        speculating.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64))
+        proposed = speculator.policy.num_proposed - proposed_before
+        accepted = speculator.policy.num_accepted - accepted_before
+        assert proposed > 0 and accepted / proposed >= 0.99
+        return
     [prompt] = copy_prompts(embedded_engine, 1)
     greedy = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     [expected] = embedded_engine.generate([prompt], greedy)
-    speculator = speculating.scheduler.speculator
     ngram, policy_before = speculator.proposer, speculator.policy.num_proposed
     accepted_before = speculator.policy.num_accepted
     speculator.proposer = ReplayProposer(prompt, expected.token_ids)
@@ -212,15 +226,29 @@ def test_bad_speculative_settings_stop_start_up_naming_the_key() -> None:
         load_config(overrides={"speculative.method": "medusa"})
 
 
+# Drafts from the model itself, a whole copy on each rank: every rank drafts the same tokens.
+WHOLE_DRAFT_ON_EACH_RANK = {
+    **NGRAM,
+    "speculative.method": "draft",
+    "speculative.draft_tensor_parallel_size": 1,
+}
+
+
 @pytest.mark.slow
-def test_two_tensor_parallel_ranks_verify_the_same_plans(tiny_vocab_model) -> None:
+@pytest.mark.parametrize("drafts", ["ngram", "separate-draft"])
+def test_two_tensor_parallel_ranks_verify_the_same_plans(tiny_vocab_model, drafts: str) -> None:
     from aioworker.wire.client import Client
     from tests.workers import admin, deployment, running
 
     prompts = [[1, 5, 2, 7, 1, 5, 2], [3, 3, 3, 3], [9, 1, 9, 1, 9]]
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     seeded = SamplingParams(temperature=1.0, seed=5, max_tokens=24, ignore_eos=True)
-    one_rank = make_engine(tiny_vocab_model, **SMALL, **NGRAM)
+    speculative = NGRAM
+    if drafts == "separate-draft":
+        speculative = {**WHOLE_DRAFT_ON_EACH_RANK, "speculative.model": str(tiny_vocab_model)}
+    # Seeded samples are the same on one rank speculating alike (rejection sampling draws
+    # its own numbers from the seed).
+    one_rank = make_engine(tiny_vocab_model, **SMALL, **speculative)
     try:
         expected = [c.token_ids for c in one_rank.generate(prompts, greedy)]
         expected += [c.token_ids for c in one_rank.generate(prompts, seeded)]
@@ -228,7 +256,7 @@ def test_two_tensor_parallel_ranks_verify_the_same_plans(tiny_vocab_model) -> No
     finally:
         one_rank.close()
     config, set_args = deployment(
-        **{"model.path": str(tiny_vocab_model), **SMALL, **NGRAM},
+        **{"model.path": str(tiny_vocab_model), **SMALL, **speculative},
         **{"parallel.tensor_parallel_size": 2},
     )
 

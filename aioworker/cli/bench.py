@@ -229,6 +229,8 @@ def run_spec_gpu(record: str | None) -> int:
 
     for title, measure in (
         ("Speculative decoding: the verify step (GPU)", gpu_spec.verify_cost),
+        ("Speculative decoding: a 2-layer self-draft's costs (GPU)", gpu_spec.self_draft_cost),
+        ("Speculative decoding: projections at 1 and 5 rows (GPU)", gpu_spec.projection_rows_cost),
         ("Speculative decoding never slower (GPU)", gpu_spec.never_slower),
     ):
         table, notes = measure()

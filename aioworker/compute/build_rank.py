@@ -19,27 +19,19 @@ from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
 from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.compute.cpu_threads import num_threads_for_rank
+from aioworker.compute.draft_builder import build_draft
 from aioworker.compute.executor_thread import ExecutorThread
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
-from aioworker.compute.layers import cpu_packing
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
-from aioworker.compute.loader import (
-    checkpoint_files,
-    count_tensors,
-    init_dummy_weights,
-    iterate_checkpoint,
-    load_weights,
-)
-from aioworker.compute.models.llama import LlamaForCausalLM
-from aioworker.compute.models.self_draft import SelfDraft
+from aioworker.compute.model_loading import build_model, fill_weights
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.sampling.sampler import Sampler
 from aioworker.compute.step.runner import ModelRunner
 from aioworker.compute.thread_governor import ThreadGovernor
 from aioworker.compute.weights.rank_weights import RankWeights
-from aioworker.config import ConfigError, WorkerConfig
+from aioworker.config import WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
 
 log = logging.getLogger(__name__)
@@ -167,26 +159,19 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     """Runs on the executor thread: the device's state is created where it will be used.
     Returns the runner, its weights and the number of KV cache blocks."""
     config, device = build.config, build.device
-    model = _build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
-    if config.model.load_format == "dummy":
-        init_dummy_weights(model, config.model.seed)
-    else:
-        files = checkpoint_files(build.model_dir)
-        load_weights(
-            model, iterate_checkpoint(files), total=count_tensors(files), progress=build.progress
-        )
-    if config.device.cpu_packed_weights and cpu_packing.is_available(device):
-        cpu_packing.pack_model(model)
-    if device.type == "cuda" and config.device.attention_backend != "torch":
-        return _build_cuda_runner(model, build)
-    layers = model.attention_layers()
-    num_blocks = _num_blocks(
-        config, build.model_config, layers[0].num_kv_heads, build.dtype, build.max_model_len
+    model = build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
+    fill_weights(model, build.model_dir, config, build.progress, config.model.seed)
+    draft = build_draft(
+        model, build.model_config, config, build.tp, build.max_model_len, build.progress
     )
+    if device.type == "cuda" and config.device.attention_backend != "torch":
+        return _build_cuda_runner(model, draft, build)
+    layers = model.attention_layers() + (draft.attention_layers() if draft else [])
+    num_blocks = _num_blocks(config, layers, build.dtype, build.max_model_len)
     backend = TorchAttentionBackend(
         config.cache.block_size,
         build.model_config.sliding_window,
-        _cpu_decode_kernel(build, layers[0]),
+        _cpu_decode_kernel(build, layers),
     )
 
     def allocate_cache() -> None:
@@ -196,51 +181,32 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
 
     allocate_cache()
     runner = ModelRunner(
-        model,
-        backend,
-        Sampler(config.model.seed, device),
-        device,
-        build.tp,
-        _draft_model(model, config),
+        model, backend, Sampler(config.model.seed, device), device, build.tp, draft
     )
     weights = RankWeights(runner, allocate_cache)
     return runner, weights, num_blocks
 
 
-def _draft_model(model, config: WorkerConfig) -> SelfDraft | None:
-    """The draft model where the executor drafts (speculative.method "draft")."""
-    options = config.speculative
-    if options.method != "draft":
-        return None
-    if options.model:
-        raise ConfigError(
-            f"speculative.model is {options.model!r}: drafting with a separate model is not "
-            "built yet; leave it empty to draft with the target's first "
-            "speculative.draft_layers layers"
-        )
-    try:
-        return SelfDraft(model, options.draft_layers)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
-def _cpu_decode_kernel(build: _Build, layer) -> PagedDecode | None:
-    """The CPU's paged decode kernel, where it serves this model (device.attention_backend
-    'auto' on the CPU; 'torch' keeps every step in torch)."""
+def _cpu_decode_kernel(build: _Build, layers: list) -> PagedDecode | None:
+    """The CPU's paged decode kernel, where it serves every attention layer, a separate
+    draft's too (device.attention_backend 'auto' on the CPU; 'torch' keeps every step in
+    torch)."""
     if build.device.type != "cpu" or build.config.device.attention_backend != "auto":
         return None
     kernel = cpu_decode.load()
-    serves = kernel is not None and kernel.serves(
-        build.dtype, layer.num_heads, layer.num_kv_heads, layer.head_dim
+    serves = kernel is not None and all(
+        kernel.serves(build.dtype, layer.num_heads, layer.num_kv_heads, layer.head_dim)
+        for layer in layers
     )
     return kernel if serves else None
 
 
-def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
+def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
     from aioworker.compute.step.cuda_runner import CudaModelRunner
 
     config, device = build.config, build.device
+    layers = model.attention_layers() + (draft.attention_layers() if draft else [])
     window = build.model_config.sliding_window
     if window is not None and window < build.max_model_len:
         raise ValueError(
@@ -264,14 +230,14 @@ def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, 
             max_verify_queries=config.speculative.num_tokens + 1
             if config.speculative.method
             else 0,
-            draft=_draft_model(model, config),
+            draft=draft,
         )
 
     num_blocks = config.cache.num_blocks
     if not num_blocks:
         build.report_phase("PROFILING")
         num_blocks = profile_num_blocks(
-            make_runner, model, config, build.model_config, build.dtype, device
+            make_runner, layers, config, build.model_config, build.dtype, device
         ).num_blocks
     _check_holds_one_sequence(
         num_blocks, config.cache.block_size, build.max_model_len, "gpu_memory_utilization"
@@ -279,7 +245,6 @@ def _build_cuda_runner(model, build: _Build) -> tuple[ModelRunner, RankWeights, 
 
     # One block more than the scheduler may use: the scratch block of padded graph rows.
     def allocate_cache() -> None:
-        layers = model.attention_layers()
         allocate_kv_cache(layers, num_blocks + 1, config.cache.block_size, build.dtype, device)
 
     allocate_cache()
@@ -296,25 +261,10 @@ def _ignore(_: str) -> None:
     pass
 
 
-def _build_model(
-    cfg: ModelConfig, max_model_len: int, tp: TensorParallel, device, dtype
-) -> LlamaForCausalLM:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg, max_model_len, tp)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval()
-
-
-def _num_blocks(
-    config: WorkerConfig, cfg: ModelConfig, num_kv_heads: int, dtype, max_model_len: int
-) -> int:
+def _num_blocks(config: WorkerConfig, layers: list, dtype, max_model_len: int) -> int:
     block_size = config.cache.block_size
     num_blocks = config.cache.num_blocks or num_blocks_for_bytes(
-        config.cache.cpu_cache_bytes, bytes_per_block(cfg, num_kv_heads, block_size, dtype)
+        config.cache.cpu_cache_bytes, bytes_per_block(layers, block_size, dtype)
     )
     _check_holds_one_sequence(num_blocks, block_size, max_model_len, "cpu_cache_bytes")
     return num_blocks

@@ -7,14 +7,12 @@ from collections.abc import Callable
 
 import torch
 
-from aioworker.checkpoint.model_config import ModelConfig
 
-
-def bytes_per_block(
-    cfg: ModelConfig, num_kv_heads: int, block_size: int, dtype: torch.dtype
-) -> int:
+def bytes_per_block(attention_layers: list, block_size: int, dtype: torch.dtype) -> int:
+    """One block's K and V in every layer given (a separate draft's layers count too)."""
     element_size = torch.empty(0, dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * block_size * num_kv_heads * cfg.head_dim * element_size
+    per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in attention_layers)
+    return block_size * per_token * element_size
 
 
 def num_blocks_for_bytes(budget_bytes: int, block_bytes: int) -> int:

@@ -32,8 +32,11 @@ class MemoryProfile:
 
 
 @torch.inference_mode()
-def profile_num_blocks(runner_factory, model, config, model_config, dtype, device) -> MemoryProfile:
-    """`runner_factory(num_blocks)` builds a runner over a cache of that many blocks (graphs off)."""
+def profile_num_blocks(
+    runner_factory, layers: list, config, model_config, dtype, device
+) -> MemoryProfile:
+    """`runner_factory(num_blocks)` builds a runner over a cache of that many blocks (graphs
+    off); `layers`: every attention layer with a cache, a separate draft's too."""
     block_size = config.cache.block_size
     num_tokens = config.scheduler.step_token_budget(device.type)
     torch.cuda.synchronize(device)
@@ -42,7 +45,6 @@ def profile_num_blocks(runner_factory, model, config, model_config, dtype, devic
     allocated_before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
 
-    layers = model.attention_layers()
     provisional_blocks = -(-num_tokens // block_size) + 1
     allocate_kv_cache(layers, provisional_blocks, block_size, dtype, device)
     runner = runner_factory(provisional_blocks - 1)
@@ -57,7 +59,7 @@ def profile_num_blocks(runner_factory, model, config, model_config, dtype, devic
     del runner
     torch.cuda.empty_cache()
 
-    block_bytes = bytes_per_block(model_config, layers[0].num_kv_heads, block_size, dtype)
+    block_bytes = bytes_per_block(layers, block_size, dtype)
     graph_reserve = _graph_reserve(config, model_config, dtype)
     budget = int(total * config.cache.gpu_memory_utilization) - (total - free_before)
     budget -= peak + graph_reserve + _UNSEEN_BYTES

@@ -416,3 +416,37 @@ def test_speculation_verifies_through_the_paged_kernel_and_keeps_the_tokens(
     assert proposed > 0 and accepted / proposed >= 0.99
     assert samples[0] == samples[1]
     assert any(queries is not None and queries[2] == 5 for queries in calls)
+
+
+@pytest.mark.parametrize("draft", ["self", "separate"])
+def test_drafts_from_a_model_keep_the_greedy_tokens(tmp_path, draft: str) -> None:
+    """Drafts made on the device after each step, in the draft graphs for small batches and
+    eagerly past them (the capture size is 4); a separate draft equal to the target catches
+    its cache up every step, so nearly all its drafts are accepted."""
+    build_tiny_model("llama", tmp_path)
+    batch = prompts(384)
+    many = batch * 3  # past the graphs
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    small = {"model.dtype": "float32", "device.max_capture_batch_size": 4}
+    plain = engine(tmp_path, **small)
+    try:
+        expected = [[c.token_ids for c in plain.generate(b, greedy)] for b in (batch[:3], many)]
+    finally:
+        plain.close()
+    speculative = {"speculative.method": "draft", "speculative.dynamic": False}
+    if draft == "self":
+        speculative["speculative.draft_layers"] = 1
+    else:
+        speculative["speculative.model"] = str(tmp_path)
+    eng = engine(tmp_path, **small, **speculative)
+    try:
+        got = [[c.token_ids for c in eng.generate(b, greedy)] for b in (batch[:3], many)]
+        policy = eng.scheduler.speculator.policy
+        graphs = eng.executor.runner.draft_graphs
+        draft_graph_runs = graphs.num_runs + graphs.num_device_runs
+    finally:
+        eng.close()
+    assert got == expected
+    assert draft_graph_runs > 0 and policy.num_proposed > 0
+    if draft == "separate":
+        assert policy.num_accepted / policy.num_proposed >= 0.99

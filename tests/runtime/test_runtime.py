@@ -13,7 +13,13 @@ import zmq
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
-from aioworker.wire.protocol import RESULT_DECODER, VERSION_FRAME, SubmitRequest, encode
+from aioworker.wire.protocol import (
+    PROTOCOL_VERSION,
+    RESULT_DECODER,
+    VERSION_FRAME,
+    SubmitRequest,
+    encode,
+)
 from aioworker.wire.transport import group_endpoints
 from tests.compute.test_parallel import listening_addresses
 from tests.conftest import EMBEDDED_OVERRIDES
@@ -193,7 +199,7 @@ def _frames_with_error_replies(reply_to: str) -> dict[str, list[bytes]]:
     return {
         "wrong type": [VERSION_FRAME, frame(params={"max_tokens": "many"})],
         "unknown tag": [VERSION_FRAME, frame(type="nope")],
-        "bad version": [b"\x07", frame()],
+        "bad version": [bytes([PROTOCOL_VERSION - 1]), frame()],  # a client one version behind
         "token out of range": [VERSION_FRAME, frame(request_id="big", prompt_token_ids=[40000])],
         "too long": [VERSION_FRAME, frame(request_id="long", prompt_token_ids=[1] * 65)],
         "bad param": [VERSION_FRAME, frame(request_id="neg", params={"temperature": -1.0})],

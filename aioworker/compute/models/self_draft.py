@@ -17,6 +17,9 @@ from aioworker.compute.layers.attention import AttentionContext
 
 
 class SelfDraft:
+    # Its KV is the target's: nothing of its own to allocate, release or catch up.
+    owns_cache = False
+
     def __init__(self, target: torch.nn.Module, num_layers: int) -> None:
         total = len(target.model.layers)
         if not 1 <= num_layers < total:
@@ -34,3 +37,6 @@ class SelfDraft:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.compute_logits(hidden)
+
+    def attention_layers(self) -> list:
+        return []

@@ -62,7 +62,8 @@ class DecodeGraphs:
         # the GPU, the next step must not overwrite them (two steps are in flight, one prepared).
         # Rows: token ids, positions (per slot), block-table rows, query counts (per sequence).
         self.staging = [torch.zeros(4, slots, dtype=torch.int64, pin_memory=True) for _ in range(4)]
-        self.num_runs = 0
+        self.num_runs = 0  # also turns the ring
+        self.num_device_runs = 0
         self.splits = {size: num_splits(size) for size in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -96,6 +97,7 @@ class DecodeGraphs:
         tokens are the previous draft step's output): device copies, no host staging."""
         n = len(rows)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        self.num_device_runs += 1
         self.token_ids[:n].copy_(token_ids)
         self.positions[:n].copy_(positions)
         self.rows[:n].copy_(rows)

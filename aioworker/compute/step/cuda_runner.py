@@ -251,6 +251,15 @@ class CudaModelRunner(ModelRunner):
         step.sampled_rows = self._to_device(step.rows[np.asarray(plan.sample)])
         return Forwarded(self._forward_eager(step, plan))
 
+    def catch_up_draft(self, plan: StepPlan, step: CudaStep) -> None:
+        """A separate draft's KV for this step's inputs: a decode step in the draft graphs
+        where the batch fits them, any other step eagerly."""
+        graphs = self.draft_graphs
+        if step.use_graphs and graphs is not None and len(step.nums) <= graphs.max_batch:
+            graphs.run(step.token_ids, step.starts, step.rows)
+        else:
+            self._forward_eager(step, plan, self.draft)
+
     def record(self, plan: StepPlan, step: CudaStep, sampled: Sampled) -> None:
         # The next plan's PENDING_TOKEN inputs are read from here, on the device.
         self.last_tokens.index_copy_(0, step.sampled_rows, sampled.last_tokens())
@@ -294,8 +303,9 @@ class CudaModelRunner(ModelRunner):
             and len(nums) <= self.graphs.max_batch
         )
 
-    def _forward_eager(self, step: CudaStep, plan: StepPlan) -> torch.Tensor:
-        """Final hidden states of every token row (prefill or mixed batches, or beyond the graphs)."""
+    def _forward_eager(self, step: CudaStep, plan: StepPlan, model=None) -> torch.Tensor:
+        """Final hidden states of every token row (prefill or mixed batches, or beyond the
+        graphs), of the target or, for its catch-up, the draft."""
         token_ids, nums, starts, rows = step.token_ids, step.nums, step.starts, step.rows
         num_tokens = int(nums.sum())
         offsets = np.cumsum(nums) - nums
@@ -313,7 +323,8 @@ class CudaModelRunner(ModelRunner):
             decode=self._decode_part(nums, starts, rows, paged),
             prefill=self._prefill_part(plan, nums, starts, offsets, ~paged),
         )
-        return self.model(token_ids_t, positions_t, AttentionContext(self.backend, meta))
+        model = self.model if model is None else model
+        return model(token_ids_t, positions_t, AttentionContext(self.backend, meta))
 
     def with_pending_tokens(
         self, token_ids: torch.Tensor, token_rows: torch.Tensor

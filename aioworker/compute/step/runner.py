@@ -33,6 +33,9 @@ from aioworker.compute.step.drafting import NextDrafts, propose_next_drafts
 from aioworker.compute.step.logits import logits_stage
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
 
+# A weights update names a separate draft's tensors with this prefix (weight_models).
+DRAFT_PREFIX = "draft."
+
 
 class PlanError(RuntimeError):
     """A plan refers to state this rank does not have: the ranks have diverged."""
@@ -139,8 +142,8 @@ class ModelRunner:
         tp: TensorParallel,
         draft=None,
     ) -> None:
-        """`draft`: the draft model where the executor drafts (a module with the target's
-        forward and compute_logits: models/self_draft.py), else None."""
+        """`draft`: the draft model where the executor drafts (models/self_draft.py or
+        models/separate_draft.py), else None."""
         self.model = model
         self.draft = draft
         self.backend = backend
@@ -153,6 +156,19 @@ class ModelRunner:
         # Only the driver samples, so only it keeps the controls' state.
         self.controls = SamplingControls(device, model.lm_head.vocab_size)
         self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
+
+    def kv_layers(self) -> list:
+        """Every attention layer with a KV cache: the target's, then a separate draft's."""
+        draft_layers = self.draft.attention_layers() if self.draft is not None else []
+        return self.model.attention_layers() + draft_layers
+
+    def weight_models(self) -> dict[str, torch.nn.Module]:
+        """The modules whose weights this rank holds, by the prefix their tensors take in a
+        weights update: the target's (none), and a separate draft's ("draft.")."""
+        models = {"": self.model}
+        if self.draft is not None and self.draft.owns_cache:
+            models[DRAFT_PREFIX] = self.draft.model
+        return models
 
     def drop_graphs(self) -> None:
         """Nothing to drop on the CPU; the CUDA runner frees its captured graphs."""
@@ -172,6 +188,8 @@ class ModelRunner:
             return CompletedStep(StepResult(plan.step_id, []))
         step = self.prepare(plan)
         out = self.forward(plan, step)
+        if self.draft is not None and self.draft.owns_cache:
+            self.catch_up_draft(plan, step)  # before `record`: it reads this step's inputs
         if not step.sample_rows and not step.spans:
             return CompletedStep(StepResult(plan.step_id, []))
         extra = StepLogprobs([row.sampling.logprobs for row in step.sample_rows])
@@ -219,6 +237,10 @@ class ModelRunner:
 
     def forward(self, plan: StepPlan, step: StepInputs) -> Forwarded:
         return Forwarded(self.model(step.token_ids, step.positions, step.attn))
+
+    def catch_up_draft(self, plan: StepPlan, step: StepInputs) -> None:
+        """A draft with its own cache writes its KV for this step's input tokens."""
+        self.draft.catch_up(step.token_ids, step.positions, step.attn)
 
     def record(self, plan: StepPlan, step: PreparedStep, sampled: Sampled) -> None:
         self.remember_samples(plan, sampled.last_tokens().tolist())

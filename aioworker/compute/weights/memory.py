@@ -48,7 +48,7 @@ class DeviceMemory:
         before = used_bytes(device)
         self.runner.drop_graphs()  # they hold pointers to both weights and cache
         if kv_cache and not self.cache_released:
-            for layer in self.runner.model.attention_layers():
+            for layer in self.runner.kv_layers():
                 layer.k_cache = layer.v_cache = torch.empty(0)
             # Every sequence was preempted with the cache (runtime/weights.py): the state of
             # its logit controls is rebuilt when it is admitted again.
@@ -68,30 +68,41 @@ class DeviceMemory:
     def resume(self) -> None:
         device = self.runner.device
         if self.offloaded is not None:
-            for name, param in live_parameters(self.runner.model).items():
+            for name, param in rank_parameters(self.runner).items():
                 # copy=True: on the CPU, .to() would keep the file mapping itself as the weight.
                 # Popping drops each offloaded tensor as soon as it is restored.
                 param.data = self.offloaded.pop(name).to(device, copy=True)
             self.offloaded = None
             if self.runner.packed:  # the packed copies were dropped with the weights
-                cpu_packing.pack_model(self.runner.model)
+                for model in self.runner.weight_models().values():
+                    cpu_packing.pack_model(model)
         if self.cache_released:
             self.reallocate_cache()
             self.cache_released = False
         self.runner.recapture_graphs()
 
     def _offload_weights(self) -> dict[str, torch.Tensor]:
-        params = live_parameters(self.runner.model)
+        params = rank_parameters(self.runner)
         if self.runner.device.type == "cuda":
             offloaded = {name: param.data.to("cpu").pin_memory() for name, param in params.items()}
         else:
             offloaded = offload_to_file(params)
         for param in params.values():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        for module in self.runner.model.modules():
-            if getattr(module, "packed_weight", None) is not None:
-                module.packed_weight = None
+        for model in self.runner.weight_models().values():
+            for module in model.modules():
+                if getattr(module, "packed_weight", None) is not None:
+                    module.packed_weight = None
         return offloaded
+
+
+def rank_parameters(runner) -> dict[str, torch.nn.Parameter]:
+    """Every weight the rank holds, a separate draft's under its prefix."""
+    return {
+        prefix + name: param
+        for prefix, model in runner.weight_models().items()
+        for name, param in live_parameters(model).items()
+    }
 
 
 def return_freed_heap() -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from aioworker.compute.weights.memory import DeviceMemory
-from aioworker.compute.weights.staging import commit, stage, stage_from_directory
+from aioworker.compute.weights.staging import commit, directory_tensors, stage_models
 from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 class RankWeights:
     def __init__(self, runner: ModelRunner, reallocate_cache: Callable[[], None]) -> None:
         self.model = runner.model
+        self.models = runner.weight_models()  # by the prefix an update names them with
         self.memory = DeviceMemory(runner, reallocate_cache)
-        self.staged: dict[str, torch.Tensor] | None = None  # from stage to commit or rollback
+        # From stage to commit or rollback: per model prefix, its staged tensors.
+        self.staged: dict[str, dict[str, torch.Tensor]] | None = None
 
     def run_phase(self, phase: WeightsPhase) -> int:
         """Apply one phase; returns bytes freed (release) or 0. Raises on failure."""
@@ -39,19 +41,20 @@ class RankWeights:
                 self.memory.resume()
         return 0
 
-    def _stage(self, phase: WeightsPhase) -> dict[str, torch.Tensor]:
+    def _stage(self, phase: WeightsPhase) -> dict[str, dict[str, torch.Tensor]]:
         if phase.ipc_tensors:
             from aioworker.compute.weights.ipc import rebuild
 
             tensors = ((t.name, rebuild(t)) for t in phase.ipc_tensors)
-            return stage(self.model, tensors, on_device=True)
-        return stage_from_directory(self.model, phase.path)
+            return stage_models(self.models, tensors, on_device=True)
+        return stage_models(self.models, directory_tensors(phase.path))
 
     def _commit(self) -> None:
         if self.staged is None:
             raise RuntimeError("commit without staged weights: the ranks' update phases diverged")
-        if self.memory.weights_released:
-            self.memory.offloaded = self.staged  # applied to the device when memory is resumed
-        else:
-            commit(self.model, self.staged)
+        for prefix, staged in self.staged.items():
+            if self.memory.weights_released:  # applied to the device when memory is resumed
+                self.memory.offloaded.update({prefix + n: t for n, t in staged.items()})
+            else:
+                commit(self.models[prefix], staged)
         self.staged = None

@@ -30,8 +30,9 @@ def live_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return dict(model.named_parameters())  # tied parameters once, under their first name
 
 
-def stage_from_directory(model: nn.Module, path: str | Path) -> dict[str, torch.Tensor]:
-    """This rank's shard of the checkpoint at `path`, validated, in host memory."""
+def directory_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The named tensors of the checkpoint at `path`, checked against its checksums file where
+    it has one."""
     path = Path(path)
     if not path.is_dir():
         raise WeightsError(f"weights path {str(path)!r} is not a directory of safetensors files")
@@ -39,7 +40,37 @@ def stage_from_directory(model: nn.Module, path: str | Path) -> dict[str, torch.
     tensors = iterate_checkpoint(checkpoint_files(path))
     if checksums is not None:
         tensors = _verified(tensors, checksums, path / CHECKSUM_FILE)
-    return stage(model, tensors)
+    return tensors
+
+
+def stage_from_directory(model: nn.Module, path: str | Path) -> dict[str, torch.Tensor]:
+    """This rank's shard of the checkpoint at `path`, validated, in host memory."""
+    return stage(model, directory_tensors(path))
+
+
+def stage_models(
+    models: dict[str, nn.Module],
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    on_device: bool = False,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """`stage` for a rank's models by prefix (runner.weight_models): tensors named with another
+    model's prefix are set aside while the target's stream through, then staged for that model.
+    A model none of whose tensors the update names is left out: it keeps its weights."""
+    set_aside: dict[str, list[tuple[str, torch.Tensor]]] = {p: [] for p in models if p}
+
+    def targets_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in tensors:
+            prefix = next((p for p in set_aside if name.startswith(p)), None)
+            if prefix is None:
+                yield name, tensor
+            else:
+                set_aside[prefix].append((name.removeprefix(prefix), tensor))
+
+    staged = {"": stage(models[""], targets_tensors(), on_device)}
+    for prefix, named in set_aside.items():
+        if named:
+            staged[prefix] = stage(models[prefix], iter(named), on_device)
+    return staged
 
 
 def stage(

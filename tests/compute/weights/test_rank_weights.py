@@ -1,11 +1,13 @@
 """A rank's weights owner, through the executor thread: stage then commit serves the new weights,
-stage then rollback keeps the old ones, and a commit while the weights are released is applied
-on resume."""
+stage then rollback keeps the old ones, a commit while the weights are released is applied
+on resume; a separate draft's weights are updated where the update names them ("draft.") and
+kept where it does not, and released and resumed with the target's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.weights_phase import WeightsPhase
@@ -88,3 +90,45 @@ def test_a_commit_while_released_is_applied_on_resume(engine, checkpoints, expec
     assert not engine.executor.weights.memory.weights_released
     assert torch.equal(embedding(engine), checkpoints[2])
     assert greedy(engine) == expected[1]
+
+
+# -- a separate draft model ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def drafting(checkpoints):
+    """The old weights, drafting with a separate copy of the old weights."""
+    settings = {"speculative.method": "draft", "speculative.model": str(checkpoints[0])}
+    engine = make_engine(checkpoints[0], **SMALL, **settings)
+    yield engine
+    engine.close()
+
+
+def draft_embedding(engine) -> torch.Tensor:
+    return engine.executor.runner.draft.model.model.embed_tokens.weight
+
+
+def test_an_update_naming_the_draft_updates_it_too(drafting, checkpoints, tmp_path) -> None:
+    new = load_file(str(checkpoints[1] / "model.safetensors"))
+    both = {**new, **{"draft." + name: tensor.clone() for name, tensor in new.items()}}
+    save_file(both, str(tmp_path / "model.safetensors"))
+    run(drafting, "stage", path=str(tmp_path))
+    run(drafting, "commit")
+    assert torch.equal(embedding(drafting), checkpoints[2])
+    assert torch.equal(draft_embedding(drafting), checkpoints[2])
+
+
+def test_an_update_naming_only_the_target_keeps_the_draft_through_release(
+    drafting, checkpoints, expected
+) -> None:
+    old_draft = draft_embedding(drafting).clone()
+    run(drafting, "stage", path=str(checkpoints[1]))
+    run(drafting, "release", weights=True, kv_cache=True)
+    assert draft_embedding(drafting).numel() == 0
+    assert all(layer.k_cache.numel() == 0 for layer in drafting.executor.runner.kv_layers())
+    run(drafting, "commit")
+    run(drafting, "resume")
+    assert torch.equal(embedding(drafting), checkpoints[2])
+    assert torch.equal(draft_embedding(drafting), old_draft)
+    assert all(layer.k_cache.numel() > 0 for layer in drafting.executor.runner.kv_layers())
+    assert greedy(drafting) == expected[1]  # the old draft's tokens verified by the new target
