@@ -12,12 +12,14 @@ runs). The policy takes the k with the best ratio of the two, and k = 0 (no draf
 engine runs a step ahead again) where none beats 1 by MIN_GAIN: at small batches verification
 is nearly free; at large ones a step is bound by arithmetic and drafts only cost.
 
-A step size the costs have not measured is tried once (its cost taken as 1), so the policy
-learns the cost of every k it may choose. r and a start at priors and follow what the proposer
-and verification report. While k is 0 nothing reports r, so every PROBE_INTERVAL decisions one
-step proposes anyway, where drafts could pay at all (were every one proposed and accepted):
-new copy-heavy requests are noticed within a few steps, at the cost of one exposed host gap per
-interval.
+A step size with nothing measured at or above it is tried once (its cost taken as 1), so the
+policy learns the cost of every k it may choose; one between measured sizes is interpolated.
+r and a start at priors and follow what the proposer and verification report. While k is 0
+nothing reports r, so every PROBE_INTERVAL decisions one step proposes anyway, where drafts
+could pay at all (were every sequence given drafts, accepted at the prior rate): new
+copy-heavy requests are noticed within a few steps, at the cost of one exposed host gap per
+interval. Where they could not (large batches, whose verify steps cost several decode steps
+and run past the verify graphs), probing would only cost, and it does not probe.
 """
 
 from __future__ import annotations
@@ -75,9 +77,9 @@ class SpeculationPolicy:
         return k
 
     def _could_pay(self, num_tokens: int, num_seqs: int, k: int) -> bool:
-        """Whether k drafts would pay if every one were proposed and accepted: where even that
-        would not (a verify step costs too much), probing only costs."""
-        return self.gain(num_tokens, num_seqs, k, acceptance=1.0, rate=1.0) > 0
+        """Whether k drafts would pay if every sequence had them, accepted at the prior rate:
+        where even that would not (a verify step costs too much), probing only costs."""
+        return self.gain(num_tokens, num_seqs, k, acceptance=PRIOR_ACCEPTANCE, rate=1.0) > 0
 
     def _largest_k(self, num_tokens: int, num_seqs: int) -> int:
         """The most drafts per sequence that keep every sequence in the step's budget."""
@@ -124,8 +126,11 @@ class SpeculationPolicy:
         acceptance = self.acceptance if acceptance is None else acceptance
         with_drafts = num_tokens + num_seqs * k
         base, longer = self.costs.seconds(num_tokens), self.costs.seconds(with_drafts)
-        if base is None or not self.costs.knows(with_drafts):
-            cost = 1.0  # never measured: try it, once
+        if base is None or longer is None:
+            # Nothing measured at or past it: try it, once. (A size between measured ones is
+            # interpolated: with few proposals the steps run are smaller than this one, so
+            # "until measured" could mean forever.)
+            cost = 1.0
         else:
             # Each sequence has drafts with probability `rate`: the cost in between, linearly.
             cost = (base + rate * (longer - base) + self.host_gap_s) / base

@@ -67,6 +67,18 @@ def test_while_off_it_probes_once_per_interval() -> None:
     assert all(costly.num_draft_tokens(1, 1, probe=True) == 0 for _ in range(3 * PROBE_INTERVAL))
 
 
+def test_a_large_batch_does_not_probe_on_a_size_between_measured_ones() -> None:
+    """A step of 256 + 256 * 4 tokens was never run (few sequences ever get drafts), but steps
+    of 256 and of 16,384 tokens were: it is interpolated, and costs far more than drafts give
+    back. Taken as "never measured, try it", every interval would probe."""
+    policy = SpeculationPolicy(4)
+    policy.observe_step(256, 0.004)
+    policy.observe_step(16384, 0.4)
+    policy.proposal_rate = 0.0
+    decisions = [policy.num_draft_tokens(256, 256, probe=True) for _ in range(3 * PROBE_INTERVAL)]
+    assert decisions == [0] * (3 * PROBE_INTERVAL)
+
+
 def test_without_dynamic_it_always_verifies_k() -> None:
     policy = measured(lambda n: 30.0 * n, max_tokens=3)
     policy.dynamic = False
