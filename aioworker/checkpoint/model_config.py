@@ -60,6 +60,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # config.json's `quantization_config`: its `quant_method` ("fp8", "compressed-tensors",
+    # ...; "" for an unquantized checkpoint) and the whole section as JSON text, for the
+    # linear method that reads the format's details.
+    quant_method: str = ""
+    quantization_config: str = ""
 
     @property
     def q_size(self) -> int:
@@ -119,7 +124,21 @@ def model_config_from_dict(
         dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         eos_token_ids=_eos_ids(raw, generation or {}),
         bos_token_id=raw.get("bos_token_id"),
+        **_quantization(raw),
     )
+
+
+def _quantization(raw: dict[str, Any]) -> dict[str, str]:
+    section = raw.get("quantization_config")
+    if not section:
+        return {}
+    if not isinstance(section, dict):
+        raise ModelConfigError(
+            f"config.json's quantization_config is {section!r}; expected an object with a "
+            "quant_method"
+        )
+    method = str(section.get("quant_method") or "unknown")
+    return {"quant_method": method, "quantization_config": json.dumps(section, sort_keys=True)}
 
 
 def _architecture(raw: dict[str, Any]) -> str:

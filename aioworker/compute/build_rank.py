@@ -25,7 +25,7 @@ from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_b
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
-from aioworker.compute.model_loading import build_model, fill_weights
+from aioworker.compute.model_loading import build_model, fill_weights, linear_methods
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.sampling.sampler import Sampler
 from aioworker.compute.step.runner import ModelRunner
@@ -159,7 +159,10 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     """Runs on the executor thread: the device's state is created where it will be used.
     Returns the runner, its weights and the number of KV cache blocks."""
     config, device = build.config, build.device
-    model = build_model(build.model_config, build.max_model_len, build.tp, device, build.dtype)
+    methods = linear_methods(build.model_config, config.device, device)
+    model = build_model(
+        build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
+    )
     fill_weights(model, build.model_dir, config, build.progress, config.model.seed)
     draft = build_draft(
         model, build.model_config, config, build.tp, build.max_model_len, build.progress

@@ -8,7 +8,7 @@ import logging
 
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
-from aioworker.compute.model_loading import build_model, fill_weights
+from aioworker.compute.model_loading import build_model, fill_weights, linear_methods
 from aioworker.compute.models.self_draft import SelfDraft
 from aioworker.compute.models.separate_draft import SeparateDraft
 from aioworker.compute.parallel import SINGLE, TensorParallel
@@ -70,7 +70,8 @@ def _separate_draft(
             "tokenizer"
         )
     weight = next(target.parameters())
-    model = build_model(draft_config, max_model_len, tp, weight.device, weight.dtype)
+    methods = linear_methods(draft_config, config.device, weight.device)
+    model = build_model(draft_config, max_model_len, tp, weight.device, weight.dtype, methods)
     fill_weights(model, model_dir, config, progress, config.model.seed + 1)
     log.info(
         "draft model %s: %d layers, hidden size %d", model_dir, draft_config.num_hidden_layers,

@@ -9,6 +9,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.linear_method import DENSE, LinearMethods, process_after_loading
 from aioworker.compute.loader import (
     checkpoint_files,
     count_tensors,
@@ -16,19 +17,40 @@ from aioworker.compute.loader import (
     iterate_checkpoint,
     load_weights,
 )
-from aioworker.compute.models.llama import LlamaForCausalLM
+from aioworker.compute.models.registry import model_class
 from aioworker.compute.parallel import TensorParallel
-from aioworker.config import WorkerConfig
+from aioworker.config import DeviceOptions, WorkerConfig
+
+
+def linear_methods(cfg: ModelConfig, options: DeviceOptions, device: torch.device) -> LinearMethods:
+    """How the model's linear layers hold and multiply their weights: on the CPU, packed for
+    oneDNN where it serves (device.cpu_packed_weights); elsewhere torch's dense matmul."""
+    if cfg.quant_method:
+        raise ValueError(
+            f"the checkpoint is quantized (quantization_config.quant_method "
+            f"{cfg.quant_method!r}), and this version loads unquantized checkpoints only; "
+            "give a bf16, fp16 or fp32 checkpoint"
+        )
+    if options.cpu_packed_weights and cpu_packing.is_available(device):
+        return LinearMethods(cpu_packing.CPU_PACKED, cpu_packing.CPU_PACKED)
+    return DENSE
 
 
 def build_model(
-    cfg: ModelConfig, max_model_len: int, tp: TensorParallel, device, dtype
-) -> LlamaForCausalLM:
+    cfg: ModelConfig,
+    max_model_len: int,
+    tp: TensorParallel,
+    device: torch.device,
+    dtype: torch.dtype,
+    methods: LinearMethods,
+) -> torch.nn.Module:
+    """The modules of `cfg.architecture` (models/registry.py), on the device, weights empty."""
+    cls = model_class(cfg.architecture)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(cfg, max_model_len, tp)
+            model = cls(cfg, max_model_len, tp, methods)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -37,8 +59,8 @@ def build_model(
 def fill_weights(
     model: torch.nn.Module, model_dir: Path, config: WorkerConfig, progress: bool, seed: int
 ) -> None:
-    """The checkpoint's weights (or random ones, with model.load_format 'dummy'), then packed for
-    the CPU's kernels where they serve."""
+    """The checkpoint's weights (or random ones, with model.load_format 'dummy'), then what each
+    linear method derives from them (linear_method.py)."""
     if config.model.load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
@@ -46,6 +68,4 @@ def fill_weights(
         load_weights(
             model, iterate_checkpoint(files), total=count_tensors(files), progress=progress
         )
-    device = next(model.parameters()).device
-    if config.device.cpu_packed_weights and cpu_packing.is_available(device):
-        cpu_packing.pack_model(model)
+    process_after_loading(model)

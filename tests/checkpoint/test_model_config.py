@@ -89,3 +89,14 @@ def test_eos_ids_merge_generation_config_and_config() -> None:
 def test_errors_name_the_problem(raw, message) -> None:
     with pytest.raises(ModelConfigError, match=message):
         model_config_from_dict(raw)
+
+
+def test_a_quantized_checkpoint_is_recognised() -> None:
+    section = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+    cfg = model_config_from_dict(
+        {**BASE, "architectures": ["LlamaForCausalLM"], "quantization_config": section}
+    )
+    assert cfg.quant_method == "compressed-tensors"
+    assert '"format": "float-quantized"' in cfg.quantization_config
+    plain = model_config_from_dict({**BASE, "architectures": ["LlamaForCausalLM"]})
+    assert plain.quant_method == "" and plain.quantization_config == ""

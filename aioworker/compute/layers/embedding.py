@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -43,10 +43,22 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(x)
 
 
-class ParallelLMHead(cpu_packing.PackableLinear, VocabParallelEmbedding):
-    """Hidden states -> logits over the full vocabulary (each rank computes its slice, then gather)."""
+class ParallelLMHead(VocabParallelEmbedding):
+    """Hidden states -> logits over the full vocabulary (each rank computes its slice, then
+    gather). Its weight is an embedding's (it may be tied to the input embedding), so its
+    method only multiplies: it must be one that keeps the dense weight."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: TensorParallel,
+        linear_method: LinearMethod = UNQUANTIZED,
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
+        self.linear_method = linear_method
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [S, D] -> logits: [S, V]
-        logits = self.matmul(hidden)
+        logits = self.linear_method.apply(self, hidden)
         return self.tp.gather_last_dim(logits)[:, : self.vocab_size]

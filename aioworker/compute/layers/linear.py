@@ -13,12 +13,22 @@ import itertools
 import torch
 from torch import nn
 
-from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
 from aioworker.compute.parallel import Shard, TensorParallel
 
 
 def _parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class MethodLinear(nn.Module):
+    """A linear layer whose weight is held and multiplied by its LinearMethod."""
+
+    linear_method: LinearMethod
+    weight: nn.Parameter
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.linear_method.apply(self, x, bias)
 
 
 def _check_shape(expected: tuple[int, ...], loaded: torch.Tensor, name: str) -> None:
@@ -28,21 +38,27 @@ def _check_shape(expected: tuple[int, ...], loaded: torch.Tensor, name: str) -> 
         )
 
 
-class ColumnParallelLinear(cpu_packing.PackableLinear, nn.Module):
+class ColumnParallelLinear(MethodLinear):
     """y = x W^T where this rank holds a slice of the rows of each part.
 
     `parts` lists, per checkpoint tensor merged here, its full output size and this rank's slice.
     """
 
     def __init__(
-        self, in_features: int, parts: list[tuple[int, Shard]], bias: bool, tp: TensorParallel
+        self,
+        in_features: int,
+        parts: list[tuple[int, Shard]],
+        bias: bool,
+        tp: TensorParallel,
+        linear_method: LinearMethod = UNQUANTIZED,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.parts = parts
         sizes = [shard.size for _, shard in parts]
         self.local_offsets = [0, *itertools.accumulate(sizes)][:-1]
-        self.weight = _parameter(sum(sizes), in_features)
+        self.linear_method = linear_method
+        linear_method.create_weights(self, sum(sizes), in_features)
         self.weight.weight_loader = self.load_part
         self.bias = _parameter(sum(sizes)) if bias else None
         if self.bias is not None:
@@ -61,11 +77,15 @@ class ColumnParallelLinear(cpu_packing.PackableLinear, nn.Module):
 
 
 def column_parallel(
-    in_features: int, out_sizes: list[int], bias: bool, tp: TensorParallel
+    in_features: int,
+    out_sizes: list[int],
+    bias: bool,
+    tp: TensorParallel,
+    linear_method: LinearMethod = UNQUANTIZED,
 ) -> ColumnParallelLinear:
     """One or several (merged, e.g. gate and up) outputs, each split evenly across ranks."""
     parts = [(size, tp.partition(size, "output features")) for size in out_sizes]
-    return ColumnParallelLinear(in_features, parts, bias, tp)
+    return ColumnParallelLinear(in_features, parts, bias, tp, linear_method)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -80,6 +100,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         bias: bool,
         tp: TensorParallel,
+        linear_method: LinearMethod = UNQUANTIZED,
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -105,10 +126,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         kv_shard = Shard(kv.start * head_dim, kv.size * head_dim)
         kv_total = num_kv_heads * head_dim
         parts = [(num_heads * head_dim, self.q_shard), (kv_total, kv_shard), (kv_total, kv_shard)]
-        super().__init__(hidden_size, parts, bias, tp)
+        super().__init__(hidden_size, parts, bias, tp, linear_method)
 
 
-class RowParallelLinear(cpu_packing.PackableLinear, nn.Module):
+class RowParallelLinear(MethodLinear):
     """y = x W^T with W's columns (input features) split; partial sums are all-reduced."""
 
     def __init__(
@@ -118,12 +139,14 @@ class RowParallelLinear(cpu_packing.PackableLinear, nn.Module):
         bias: bool,
         tp: TensorParallel,
         in_shard: Shard | None = None,
+        linear_method: LinearMethod = UNQUANTIZED,
     ) -> None:
         super().__init__()
         self.tp = tp
         self.in_features = in_features
         self.in_shard = in_shard or tp.partition(in_features, "input features")
-        self.weight = _parameter(out_features, self.in_shard.size)
+        self.linear_method = linear_method
+        linear_method.create_weights(self, out_features, self.in_shard.size)
         self.weight.weight_loader = self.load_weight
         self.bias = _parameter(out_features) if bias else None
         if self.bias is not None:

@@ -13,6 +13,7 @@ from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
+from aioworker.compute.layers.linear_method import DENSE, LinearMethods
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
 from aioworker.compute.layers.rotary import RotaryEmbedding
@@ -20,12 +21,12 @@ from aioworker.compute.parallel import TensorParallel
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, methods: LinearMethods) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.qkv_bias, tp,
+            cfg.qkv_bias, tp, methods.projections,
         )  # fmt: skip
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -35,6 +36,7 @@ class LlamaAttention(nn.Module):
             False,
             tp,
             in_shard=self.qkv_proj.q_shard,
+            linear_method=methods.projections,
         )
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -60,23 +62,25 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, methods: LinearMethods) -> None:
         super().__init__()
-        size = cfg.intermediate_size
-        self.gate_up_proj = column_parallel(cfg.hidden_size, [size, size], cfg.mlp_bias, tp)
-        self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp)
+        size, method = cfg.intermediate_size, methods.projections
+        self.gate_up_proj = column_parallel(cfg.hidden_size, [size, size], cfg.mlp_bias, tp, method)
+        self.down_proj = RowParallelLinear(
+            size, cfg.hidden_size, cfg.mlp_bias, tp, linear_method=method
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, methods: LinearMethods) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, tp)
+        self.self_attn = LlamaAttention(cfg, tp, methods)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, tp)
+        self.mlp = LlamaMLP(cfg, tp, methods)
 
     def forward(
         self,
@@ -94,12 +98,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel) -> None:
+    def __init__(
+        self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel, methods: LinearMethods
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_model_len, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, tp, methods) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -131,11 +137,17 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelConfig, max_model_len: int, tp: TensorParallel) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        max_model_len: int,
+        tp: TensorParallel,
+        methods: LinearMethods = DENSE,
+    ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, max_model_len, tp)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        self.model = LlamaModel(cfg, max_model_len, tp, methods)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, methods.lm_head)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

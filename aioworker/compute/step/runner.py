@@ -155,7 +155,6 @@ class ModelRunner:
         self.scoring_prompts: set[int] = set()
         # Only the driver samples, so only it keeps the controls' state.
         self.controls = SamplingControls(device, model.lm_head.vocab_size)
-        self.packed = any(getattr(m, "packed_weight", None) is not None for m in model.modules())
 
     def kv_layers(self) -> list:
         """Every attention layer with a KV cache: the target's, then a separate draft's."""

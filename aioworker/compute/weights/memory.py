@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from aioworker.checkpoint.source import cache_dir
-from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.linear_method import drop_derived, process_after_loading
 from aioworker.compute.weights.staging import live_parameters
 
 
@@ -73,9 +73,8 @@ class DeviceMemory:
                 # Popping drops each offloaded tensor as soon as it is restored.
                 param.data = self.offloaded.pop(name).to(device, copy=True)
             self.offloaded = None
-            if self.runner.packed:  # the packed copies were dropped with the weights
-                for model in self.runner.weight_models().values():
-                    cpu_packing.pack_model(model)
+            for model in self.runner.weight_models().values():
+                process_after_loading(model)  # what was derived went with the weights
         if self.cache_released:
             self.reallocate_cache()
             self.cache_released = False
@@ -90,9 +89,7 @@ class DeviceMemory:
         for param in params.values():
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         for model in self.runner.weight_models().values():
-            for module in model.modules():
-                if getattr(module, "packed_weight", None) is not None:
-                    module.packed_weight = None
+            drop_derived(model)
         return offloaded
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.linear_method import process_after_loading
 from aioworker.compute.loader import (
     WeightsError,
     checkpoint_files,
@@ -96,8 +96,7 @@ def commit(model: nn.Module, staged: dict[str, torch.Tensor]) -> None:
     """Copy staged weights into the live parameters, in place (device addresses do not move)."""
     for name, param in live_parameters(model).items():
         param.data.copy_(staged[name], non_blocking=True)
-    if any(getattr(m, "packed_weight", None) is not None for m in model.modules()):
-        cpu_packing.pack_model(model)  # the packed copies are derived: make them again
+    process_after_loading(model)  # what the linear methods derive (packed copies) is stale
     if next(model.parameters()).is_cuda:
         torch.cuda.current_stream().synchronize()
 

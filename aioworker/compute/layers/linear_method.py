@@ -1,0 +1,93 @@
+"""How a linear layer holds its weight and multiplies by it: the seam that weight formats plug
+into (quantized ones next to today's two).
+
+A method has three moments, each called by one owner:
+- `create_weights(layer, out_features, in_features)`: when the layer is built, before loading;
+  it registers the parameters the checkpoint loads into (a dense `weight` here; a quantized
+  format adds its scales);
+- `process_after_loading(layer)`: after the weights are loaded, and again after every weights
+  update is committed and every resume: whatever is derived from the loaded weights (a packed
+  copy, quantized values) is made here, never by the loader;
+- `apply(layer, x, bias)`: the layer's forward, y = x W^T (+ bias).
+
+`drop_derived(layer)` forgets what `process_after_loading` made (memory is being released;
+resume processes the restored weights again). Methods are stateless: one instance serves every
+layer, and what a layer needs lives on the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethod(Protocol):
+    name: str
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None: ...
+
+    def process_after_loading(self, layer: nn.Module) -> None: ...
+
+    def drop_derived(self, layer: nn.Module) -> None: ...
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
+class Unquantized:
+    """The dense weight in the model's dtype, multiplied by torch (cuBLAS on the GPU)."""
+
+    name = "none"
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        pass
+
+    def drop_derived(self, layer: nn.Module) -> None:
+        pass
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+UNQUANTIZED = Unquantized()
+
+
+@dataclass(frozen=True)
+class LinearMethods:
+    """A model's methods: one for its decoder projections, one for its LM head (whose weight
+    is an embedding's, kept dense: a format only it may not share)."""
+
+    projections: LinearMethod = UNQUANTIZED
+    lm_head: LinearMethod = UNQUANTIZED
+
+
+DENSE = LinearMethods()
+
+
+def methods_in(model: nn.Module):
+    """(layer, its method) for every layer of the model that multiplies through one."""
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None:
+            yield module, method
+
+
+def process_after_loading(model: nn.Module) -> None:
+    """Every layer's derived state, from the weights it holds now."""
+    for layer, method in methods_in(model):
+        method.process_after_loading(layer)
+
+
+def drop_derived(model: nn.Module) -> None:
+    for layer, method in methods_in(model):
+        method.drop_derived(layer)
