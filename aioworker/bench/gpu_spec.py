@@ -57,19 +57,24 @@ def _decode_ms_per_token(engine, prompt: list[int]) -> tuple[float, list[int]]:
     return (total - first) / (DECODE_TOKENS - 1) * 1000, tokens
 
 
-def verify_cost() -> tuple[str, str]:
-    cfg = load_model_config(gpu.LLAMA_8B)
-    prompt = gpu.random_prompt(1024, min(cfg.vocab_size, 10000), random.Random(4))
-    speculative = {
-        "speculative.method": "ngram",
-        "speculative.num_tokens": K,
-        "speculative.dynamic": False,
-    }
-    engine = gpu.make_engine(gpu.LLAMA_8B, 4096, **speculative)
+def _plain_then_speculating(speculative: dict, prompt: list[int]):
+    """An engine of the 8B shape speculating with k = K always, and its plain ms/token and
+    tokens, measured first with speculation off: (engine, speculator, ms, tokens)."""
+    settings = {"speculative.num_tokens": K, "speculative.dynamic": False, **speculative}
+    engine = gpu.make_engine(gpu.LLAMA_8B, 4096, **settings)
     speculator = engine.scheduler.speculator
     engine.scheduler.speculator = None
     plain_ms, tokens = _decode_ms_per_token(engine, prompt)
     engine.scheduler.speculator = speculator
+    return engine, speculator, plain_ms, tokens
+
+
+def verify_cost() -> tuple[str, str]:
+    cfg = load_model_config(gpu.LLAMA_8B)
+    prompt = gpu.random_prompt(1024, min(cfg.vocab_size, 10000), random.Random(4))
+    engine, speculator, plain_ms, tokens = _plain_then_speculating(
+        {"speculative.method": "ngram"}, prompt
+    )
     speculator.proposer = Replay(prompt + tokens)
     policy = speculator.policy
     spec_ms, spec_tokens = _decode_ms_per_token(engine, prompt)
@@ -108,17 +113,8 @@ def verify_cost() -> tuple[str, str]:
 def _self_draft_step_ms(prompt: list[int], layers: int) -> tuple[float, float, float]:
     """(plain ms/token, ms per target step with drafts, tokens per step) with a self-draft of
     `layers` layers; every step drafts k and verifies the previous k."""
-    speculative = {
-        "speculative.method": "draft",
-        "speculative.draft_layers": layers,
-        "speculative.num_tokens": K,
-        "speculative.dynamic": False,
-    }
-    engine = gpu.make_engine(gpu.LLAMA_8B, 4096, **speculative)
-    speculator = engine.scheduler.speculator
-    engine.scheduler.speculator = None
-    plain_ms, _ = _decode_ms_per_token(engine, prompt)
-    engine.scheduler.speculator = speculator
+    speculative = {"speculative.method": "draft", "speculative.draft_layers": layers}
+    engine, speculator, plain_ms, _ = _plain_then_speculating(speculative, prompt)
     policy = speculator.policy
     _generate_s(engine, prompt, 8)  # warm-up: the draft graphs' first replays
     verified_before, accepted_before = policy.num_verified, policy.num_accepted
