@@ -18,9 +18,10 @@ WORKLOAD_HELP = (
     "serve: the whole service under a streamed load, quiet and beside a busy process, against "
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
-    "k=4 unless [speculative] says otherwise); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
+    "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4 "
+    "side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md"
 )
-ALONE = ("control", "api", "chat", "serve", "spec")
+ALONE = ("control", "api", "chat", "serve", "spec", "quant")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         return run_serve(args)
     if args.workload == ["spec"]:
         return run_spec(args)
+    if args.workload == ["quant"]:
+        return run_quant(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control, api, chat, serve or spec on its own")
+        return fail("run --workload control, api, chat, serve, spec or quant on its own")
     return run_offline(args)
 
 
@@ -214,6 +217,40 @@ def run_spec(args: argparse.Namespace) -> int:
         append_to_doc(
             args.record, "Speculative decoding, n-gram (embedded model)", "\n\n".join(tables), notes
         )
+    return 0
+
+
+def run_quant(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from aioworker.bench import quantization
+    from aioworker.bench.report import append_to_doc
+    from aioworker.engine import LLMEngine
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+
+    def make_engine(fmt: str) -> LLMEngine:
+        model = msgspec.structs.replace(config.model, quantization=fmt)
+        return LLMEngine.from_config(msgspec.structs.replace(config, model=model), False)
+
+    try:
+        rates, weight_bytes = quantization.run(make_engine)
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    table = quantization.table(rates, weight_bytes)
+    notes = (
+        f"Each format loaded alone, in turn (order reversed every repeat); "
+        f"{quantization.DECODE_TOKENS} greedy tokens a request; medians of "
+        f"{quantization.REPEATS} runs. model.dtype {config.model.dtype!r} (float32 on the CPU "
+        "when 'auto'); quantized: the decoder's projections, weight-only, their products in "
+        "bfloat16; the LM head dense."
+    )
+    print(table, notes, sep="\n\n")
+    if args.record:
+        append_to_doc(args.record, "Quantized weights on the CPU", table, notes)
     return 0
 
 

@@ -25,6 +25,7 @@ from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_b
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
+from aioworker.compute.layers.linear_method import weight_bytes
 from aioworker.compute.model_loading import build_model, fill_weights, linear_methods
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.sampling.sampler import Sampler
@@ -159,11 +160,15 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     """Runs on the executor thread: the device's state is created where it will be used.
     Returns the runner, its weights and the number of KV cache blocks."""
     config, device = build.config, build.device
-    methods = linear_methods(build.model_config, config.device, device)
+    methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
     )
     fill_weights(model, build.model_dir, config, build.progress, config.model.seed)
+    log.info(
+        "linear layers: projections %s, LM head %s; %.1f MiB of weights read per decode step",
+        methods.projections.name, methods.lm_head.name, weight_bytes(model) / 2**20,
+    )  # fmt: skip
     draft = build_draft(
         model, build.model_config, config, build.tp, build.max_model_len, build.progress
     )

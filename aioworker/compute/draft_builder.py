@@ -70,7 +70,7 @@ def _separate_draft(
             "tokenizer"
         )
     weight = next(target.parameters())
-    methods = linear_methods(draft_config, config.device, weight.device)
+    methods = linear_methods(draft_config, config, weight.device)
     model = build_model(draft_config, max_model_len, tp, weight.device, weight.dtype, methods)
     fill_weights(model, model_dir, config, progress, config.model.seed + 1)
     log.info(

@@ -10,6 +10,7 @@ import torch
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers import cpu_packing
 from aioworker.compute.layers.linear_method import DENSE, LinearMethods, process_after_loading
+from aioworker.compute.layers.weight_only import WINT4, WINT8
 from aioworker.compute.loader import (
     checkpoint_files,
     count_tensors,
@@ -19,21 +20,33 @@ from aioworker.compute.loader import (
 )
 from aioworker.compute.models.registry import model_class
 from aioworker.compute.parallel import TensorParallel
-from aioworker.config import DeviceOptions, WorkerConfig
+from aioworker.config import ConfigError, WorkerConfig
+
+WEIGHT_ONLY = {"wint8": WINT8, "wint4": WINT4}
 
 
-def linear_methods(cfg: ModelConfig, options: DeviceOptions, device: torch.device) -> LinearMethods:
-    """How the model's linear layers hold and multiply their weights: on the CPU, packed for
-    oneDNN where it serves (device.cpu_packed_weights); elsewhere torch's dense matmul."""
+def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:
+    """How the model's linear layers hold and multiply their weights: the projections as
+    model.quantization says, the LM head dense; on the CPU the dense ones packed for oneDNN
+    where it serves (device.cpu_packed_weights), elsewhere torch's dense matmul."""
     if cfg.quant_method:
         raise ValueError(
             f"the checkpoint is quantized (quantization_config.quant_method "
             f"{cfg.quant_method!r}), and this version loads unquantized checkpoints only; "
             "give a bf16, fp16 or fp32 checkpoint"
         )
-    if options.cpu_packed_weights and cpu_packing.is_available(device):
-        return LinearMethods(cpu_packing.CPU_PACKED, cpu_packing.CPU_PACKED)
-    return DENSE
+    dense = DENSE.lm_head
+    if config.device.cpu_packed_weights and cpu_packing.is_available(device):
+        dense = cpu_packing.CPU_PACKED
+    quantization = config.model.quantization
+    if quantization == "none":
+        return LinearMethods(dense, dense)
+    if device.type != "cpu":
+        raise ConfigError(
+            f"model.quantization {quantization!r} runs on the CPU only so far; set it to "
+            "'none' on a GPU"
+        )
+    return LinearMethods(WEIGHT_ONLY[quantization], dense)
 
 
 def build_model(

@@ -8,7 +8,8 @@ A method has three moments, each called by one owner:
 - `process_after_loading(layer)`: after the weights are loaded, and again after every weights
   update is committed and every resume: whatever is derived from the loaded weights (a packed
   copy, quantized values) is made here, never by the loader;
-- `apply(layer, x, bias)`: the layer's forward, y = x W^T (+ bias).
+- `apply(layer, x, bias)`: the layer's forward, y = x W^T (+ bias);
+- `weight_bytes(layer)`: the bytes of weight `apply` reads (the startup log, benchmarks).
 
 `drop_derived(layer)` forgets what `process_after_loading` made (memory is being released;
 resume processes the restored weights again). Methods are stateless: one instance serves every
@@ -38,6 +39,10 @@ class LinearMethod(Protocol):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor: ...
 
+    def weight_bytes(self, layer: nn.Module) -> int:
+        """Bytes of weight one forward reads (what bounds a decode step)."""
+        ...
+
 
 class Unquantized:
     """The dense weight in the model's dtype, multiplied by torch (cuBLAS on the GPU)."""
@@ -57,6 +62,9 @@ class Unquantized:
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+    def weight_bytes(self, layer: nn.Module) -> int:
+        return layer.weight.numel() * layer.weight.element_size()
 
 
 UNQUANTIZED = Unquantized()
@@ -91,3 +99,8 @@ def process_after_loading(model: nn.Module) -> None:
 def drop_derived(model: nn.Module) -> None:
     for layer, method in methods_in(model):
         method.drop_derived(layer)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weight a decode step reads through the model's linear methods."""
+    return sum(method.weight_bytes(layer) for layer, method in methods_in(model))
