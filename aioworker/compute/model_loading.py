@@ -9,7 +9,11 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers import cpu_packing
-from aioworker.compute.layers.linear_method import DENSE, LinearMethods, process_after_loading
+from aioworker.compute.layers.linear_method import (
+    UNQUANTIZED,
+    LinearMethods,
+    process_after_loading,
+)
 from aioworker.compute.layers.weight_only import WINT4, WINT8
 from aioworker.compute.loader import (
     checkpoint_files,
@@ -35,7 +39,7 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
             f"{cfg.quant_method!r}), and this version loads unquantized checkpoints only; "
             "give a bf16, fp16 or fp32 checkpoint"
         )
-    dense = DENSE.lm_head
+    dense = UNQUANTIZED
     if config.device.cpu_packed_weights and cpu_packing.is_available(device):
         dense = cpu_packing.CPU_PACKED
     quantization = config.model.quantization

@@ -6,7 +6,7 @@ blocks as the target's, and a sequence's draft KV for position p lives in the sa
 slot as its target KV. So the scheduler's block tables, lookahead blocks and trims serve both,
 and a rejected draft's slots are reused by both alike. What the draft must do itself is keep
 its cache as full as the target's: every step it runs forward over the step's inputs
-(`catch_up`), prefill chunks, decodes and verified drafts alike, so that when it drafts, the
+(the runner's `catch_up_draft`), prefill chunks, decodes and verified drafts alike, so that when it drafts, the
 KV of every token the target has seen is in its cache.
 """
 
@@ -18,7 +18,7 @@ from aioworker.compute.layers.attention import AttentionContext
 
 
 class SeparateDraft:
-    # The runner runs `catch_up` every step and allocates, releases and resumes this cache.
+    # The runner catches it up every step (forward over the step's inputs) and allocates, releases and resumes this cache.
     owns_cache = True
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -31,12 +31,6 @@ class SeparateDraft:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)
-
-    def catch_up(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
-    ) -> None:
-        """Write the draft's KV for a step's input tokens (its hidden states are not needed)."""
-        self.model(token_ids, positions, attn)
 
     def attention_layers(self) -> list:
         return self.model.attention_layers()

@@ -239,7 +239,7 @@ class ModelRunner:
 
     def catch_up_draft(self, plan: StepPlan, step: StepInputs) -> None:
         """A draft with its own cache writes its KV for this step's input tokens."""
-        self.draft.catch_up(step.token_ids, step.positions, step.attn)
+        self.draft(step.token_ids, step.positions, step.attn)  # its KV; the output unused
 
     def record(self, plan: StepPlan, step: PreparedStep, sampled: Sampled) -> None:
         self.remember_samples(plan, sampled.last_tokens().tolist())
