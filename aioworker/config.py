@@ -30,11 +30,11 @@ class ModelOptions(_Section):
     max_model_len: int = 0
     # Seed for unseeded sampling and dummy weights.
     seed: int = 0
-    # Quantize the decoder's projections while loading: "none"; "wint8" (int8 weights, one
-    # scale per output channel) or "wint4" (int4 weights in groups of 32 inputs); the products
-    # run with bfloat16 activations. CPU only for now. The LM head and embeddings stay
-    # unquantized.
-    quantization: Literal["none", "wint8", "wint4"] = "none"
+    # Quantize the decoder's projections while loading: "none"; "fp8" (GPU with fp8 tensor
+    # cores: e4m3 weights per output channel, activations per token); "wint8" (int8 weights,
+    # one scale per output channel) or "wint4" (int4 weights in groups of 32 inputs), whose
+    # products run with bfloat16 activations. The LM head and embeddings stay unquantized.
+    quantization: Literal["none", "fp8", "wint8", "wint4"] = "none"
 
 
 class CacheOptions(_Section):

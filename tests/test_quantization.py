@@ -10,18 +10,32 @@ from pathlib import Path
 
 import pytest
 
+from aioworker.compute import build_rank
 from aioworker.compute.layers import weight_only
+from aioworker.compute.layers.linear_method import LinearMethods
+from aioworker.compute.model_loading import ON_LOAD
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NUM_TOKENS = 2000
-BOUNDS = {"wint8": (0.99, 0.015), "wint4": (0.94, 0.08)}  # agreement, perplexity increase
+BOUNDS = {
+    "fp8": (0.99, 0.015),
+    "wint8": (0.99, 0.015),
+    "wint4": (0.94, 0.08),
+}  # agreement, perplexity increase
 # Per-channel int8 agrees 96.3% here: the embedded model's weights lie on a 4-bit grid of
 # 32-wide groups (from its GGUF), which one scale per row of 576 or 1536 does not keep. The
 # issue's bound stands; strict, so that meeting it shows.
 WINT8_SHORT = pytest.mark.xfail(
     strict=True, reason="per-channel int8 agrees 96.3% on the embedded model; 99% is asked"
+)
+# e4m3 keeps three mantissa bits: on this small model, fp8 weights alone agree 91.0% (+2.7%
+# perplexity) and W8A8 89.4% (+3.3%), where bfloat16 alone agrees 96.9% (+0.3%) with float32
+# (docs/benchmarks.md). The bound stands; strict, so that meeting it shows.
+FP8_SHORT = pytest.mark.xfail(
+    strict=True,
+    reason="fp8 agrees 89.4% on the embedded model (bfloat16 alone: 96.9%); 99% is asked",
 )
 
 
@@ -56,6 +70,10 @@ def test_agreement_and_perplexity_stay_within_bounds(
     # weight); forced through the quantized ones, the teacher-forced pass measures what decode
     # steps read.
     monkeypatch.setattr(weight_only, "MAX_QUANTIZED_ROWS", NUM_TOKENS)
+    check_bounds(embedded_model_dir, reference, quantization)
+
+
+def check_bounds(embedded_model_dir, reference, quantization: str) -> None:
     tokens, expected, perplexity = reference
     engine = make_engine(embedded_model_dir, **{"model.quantization": quantization})
     try:
@@ -74,3 +92,15 @@ def test_agreement_and_perplexity_stay_within_bounds(
     assert agreement >= min_agreement
     assert increase <= max_increase
     assert len(completion.token_ids) == 16
+
+
+@FP8_SHORT
+def test_fp8_stays_within_bounds(embedded_model_dir, reference, monkeypatch) -> None:
+    """The GPU's fp8 method, through torch's reference fp8 product on the CPU, so that its
+    numbers are checked in CI. (The GPU's wint8 and wint4 quantize exactly as the CPU's do:
+    tests/compute/layers/test_quantized_on_load.py; measured here they agree 96.25% and 98.60%,
+    as the CPU's.)"""
+    monkeypatch.setattr(
+        build_rank, "linear_methods", lambda cfg, config, device: LinearMethods(ON_LOAD["fp8"])
+    )
+    check_bounds(embedded_model_dir, reference, "fp8")

@@ -16,6 +16,9 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from aioworker.compute.layers.linear_method import methods_in
+from aioworker.compute.layers.param_loading import loading_of
+
 
 class WeightsError(ValueError):
     """The checkpoint does not fit the model; the message names the tensor."""
@@ -81,9 +84,14 @@ def load_weights(
             raise WeightsError(
                 f"unexpected tensor {name!r} in the checkpoint: the model has no such parameter"
             )
-        target = params[param_name] if targets is None else targets[param_name]
-        _load_one(params[param_name], target, tensor, name, shard_id)
-        loaded.add(param_name if shard_id is None else f"{param_name}#{shard_id}")
+        # A weight quantized while loading fills its scales from the same tensor (derived).
+        siblings = [
+            f"{param_name.rpartition('.')[0]}.{d}" for d in loading_of(params[param_name]).derived
+        ]
+        for filled in (param_name, *siblings):
+            target = params[filled] if targets is None else targets[filled]
+            _load_one(params[filled], target, tensor, name, shard_id)
+            loaded.add(filled if shard_id is None else f"{filled}#{shard_id}")
     bar.close()
     _check_complete(expected, loaded, packed)
 
@@ -93,7 +101,7 @@ def _load_one(
 ) -> None:
     """The parameter's own loader (it knows its tensor-parallel slice) writes into `target`."""
     loader = param.weight_loader if hasattr(param, "weight_loader") else _default_loader
-    tensor = tensor.to(param.dtype)
+    tensor = tensor.to(loading_of(param).load_dtype or param.dtype)
     try:
         with torch.no_grad():
             if shard_id is None:
@@ -156,15 +164,31 @@ def _check_complete(
         raise WeightsError(f"the checkpoint is missing {len(missing)} tensor(s): {shown}")
 
 
+DUMMY_RANGE = 0.05
+
+
 def init_dummy_weights(model: nn.Module, seed: int) -> None:
     """Random weights at the config's shapes, for benchmarks. Small uniform values keep
-    activations finite through any depth; norms stay at one. Generated where the parameter lives."""
+    activations finite through any depth; norms stay at one. Generated where the parameter lives.
+    Weights quantized while loading are made dense and quantized as a checkpoint's would be."""
     generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(device: torch.device) -> torch.Generator:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return generators[device]
+
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if loading_of(param).load_dtype is not None:
+                continue  # quantized on load: below
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
                 continue
-            if param.device not in generators:
-                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-            param.uniform_(-0.05, 0.05, generator=generators[param.device])
+            param.uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=generator(param.device))
+        for layer, method in methods_in(model):
+            fill = getattr(method, "fill_dummy", None)
+            if fill is not None:
+                fill(layer, lambda dense: dense.uniform_(
+                    -DUMMY_RANGE, DUMMY_RANGE, generator=generator(dense.device)
+                ))  # fmt: skip

@@ -14,6 +14,8 @@ from aioworker.compute.layers.linear_method import (
     LinearMethods,
     process_after_loading,
 )
+from aioworker.compute.layers.quantized.fp8 import FP8
+from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
 from aioworker.compute.layers.weight_only import WINT4, WINT8
 from aioworker.compute.loader import (
     checkpoint_files,
@@ -26,13 +28,16 @@ from aioworker.compute.models.registry import model_class
 from aioworker.compute.parallel import TensorParallel
 from aioworker.config import ConfigError, WorkerConfig
 
-WEIGHT_ONLY = {"wint8": WINT8, "wint4": WINT4}
+CPU_WEIGHT_ONLY = {"wint8": WINT8, "wint4": WINT4}
+ON_LOAD = {"fp8": FP8, "wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}
 
 
 def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:
     """How the model's linear layers hold and multiply their weights: the projections as
-    model.quantization says, the LM head dense; on the CPU the dense ones packed for oneDNN
-    where it serves (device.cpu_packed_weights), elsewhere torch's dense matmul."""
+    model.quantization (or a quantized checkpoint) says, the LM head dense; on the CPU the dense
+    ones packed for oneDNN where it serves (device.cpu_packed_weights), elsewhere torch's dense
+    matmul. On the CPU, weight-only formats keep the dense weight for prefill
+    (layers/weight_only.py); elsewhere the quantized values are all that is held."""
     if cfg.quant_method:
         raise ValueError(
             f"the checkpoint is quantized (quantization_config.quant_method "
@@ -45,12 +50,21 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
     quantization = config.model.quantization
     if quantization == "none":
         return LinearMethods(dense, dense)
-    if device.type != "cpu":
+    if device.type == "cpu":
+        if quantization == "fp8":
+            raise ConfigError(
+                "model.quantization 'fp8' needs a GPU with fp8 tensor cores (Hopper or Ada): "
+                "torch's fp8 product on the CPU is a reference, 50x slower than float32; use "
+                "'wint8' or 'wint4' on the CPU"
+            )
+        return LinearMethods(CPU_WEIGHT_ONLY[quantization], dense)
+    if quantization == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
         raise ConfigError(
-            f"model.quantization {quantization!r} runs on the CPU only so far; set it to "
-            "'none' on a GPU"
+            "model.quantization 'fp8' needs fp8 tensor cores (compute capability 8.9 or more: "
+            f"Ada, Hopper); this GPU has {torch.cuda.get_device_capability(device)}; use "
+            "'wint8' or 'wint4'"
         )
-    return LinearMethods(WEIGHT_ONLY[quantization], dense)
+    return LinearMethods(ON_LOAD[quantization], dense)
 
 
 def build_model(

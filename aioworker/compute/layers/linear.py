@@ -8,12 +8,14 @@ by `shard_id`. Splits may be uneven (whole heads per rank), see TensorParallel.p
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
 from torch import nn
 
 from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
+from aioworker.compute.layers.param_loading import ParamLoading, blocks, copy_slice, loading_of
 from aioworker.compute.parallel import Shard, TensorParallel
 
 
@@ -29,6 +31,12 @@ class MethodLinear(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.linear_method.apply(self, x, bias)
+
+    def _give_loaders(self, loader) -> None:
+        """Each parameter the method created loads through `loader`, told how (its
+        ParamLoading: the live parameter's, since staging hands the loader a bare buffer)."""
+        for param in self.parameters(recurse=False):
+            param.weight_loader = functools.partial(loader, loading_of(param))
 
 
 def _check_shape(expected: tuple[int, ...], loaded: torch.Tensor, name: str) -> None:
@@ -59,18 +67,34 @@ class ColumnParallelLinear(MethodLinear):
         self.local_offsets = [0, *itertools.accumulate(sizes)][:-1]
         self.linear_method = linear_method
         linear_method.create_weights(self, sum(sizes), in_features)
-        self.weight.weight_loader = self.load_part
         self.bias = _parameter(sum(sizes)) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = self.load_part
+        self._give_loaders(self.load_part)
 
     def load_part(
-        self, param: nn.Parameter, loaded: torch.Tensor, name: str, shard_id: int = 0
+        self,
+        how: ParamLoading,
+        param: torch.Tensor,
+        loaded: torch.Tensor,
+        name: str,
+        shard_id: int = 0,
     ) -> None:
+        """This rank's rows of part `shard_id`, in the checkpoint tensor's blocks of rows."""
         full_size, shard = self.parts[shard_id]
-        _check_shape((full_size, *param.shape[1:]), loaded, name)
-        local = param.data.narrow(0, self.local_offsets[shard_id], shard.size)
-        local.copy_(loaded.narrow(0, shard.start, shard.size))
+        if how.expand is not None:
+            loaded = how.expand(loaded, full_size)
+        full_rows = -(-full_size // how.out_block)
+        if how.store is copy_slice:
+            _check_shape((full_rows, *param.shape[1:]), loaded, name)
+        elif loaded.shape[0] != full_rows:
+            raise ValueError(
+                f"{name}: checkpoint tensor has {loaded.shape[0]} rows, expected {full_rows}"
+            )
+        start, size = blocks(shard.start, shard.size, full_size, how.out_block, "output features")
+        local_total = sum(s.size for _, s in self.parts)
+        offset, _ = blocks(
+            self.local_offsets[shard_id], shard.size, local_total, how.out_block, "output features"
+        )
+        how.store(param.data.narrow(0, offset, size), loaded.narrow(0, start, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -147,14 +171,36 @@ class RowParallelLinear(MethodLinear):
         self.in_shard = in_shard or tp.partition(in_features, "input features")
         self.linear_method = linear_method
         linear_method.create_weights(self, out_features, self.in_shard.size)
-        self.weight.weight_loader = self.load_weight
+        self._give_loaders(self.load_weight)
         self.bias = _parameter(out_features) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = self.load_bias
 
-    def load_weight(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
-        _check_shape((param.shape[0], self.in_features), loaded, name)
-        param.data.copy_(loaded.narrow(1, self.in_shard.start, self.in_shard.size))
+    def load_weight(
+        self, how: ParamLoading, param: torch.Tensor, loaded: torch.Tensor, name: str
+    ) -> None:
+        """This rank's columns, in the checkpoint tensor's blocks of columns (in_block 0: a
+        tensor not split along the input, such as a per-channel scale)."""
+        if how.expand is not None:
+            loaded = how.expand(loaded, param.shape[0])
+        if how.in_block == 0:
+            how.store(param.data, loaded)
+            return
+        full_columns = -(-self.in_features // how.in_block)
+        if how.store is copy_slice:
+            _check_shape((param.shape[0], full_columns), loaded, name)
+        elif loaded.shape[1] != full_columns:
+            raise ValueError(
+                f"{name}: checkpoint tensor has {loaded.shape[1]} columns, expected {full_columns}"
+            )
+        start, size = blocks(
+            self.in_shard.start,
+            self.in_shard.size,
+            self.in_features,
+            how.in_block,
+            "input features",
+        )
+        how.store(param.data, loaded.narrow(1, start, size))
 
     def load_bias(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
         _check_shape(tuple(param.shape), loaded, name)

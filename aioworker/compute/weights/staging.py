@@ -86,9 +86,15 @@ def stage(
     }
     load_weights(model, tensors, progress=False, targets=targets)
     for name, tensor in targets.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        if tensor.is_floating_point() and not _finite(tensor):
             raise WeightsError(f"{name}: this rank's slice holds NaN or infinite values")
     return targets
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    if tensor.element_size() == 1:  # fp8: isfinite has no kernel for it
+        return bool(torch.isfinite(tensor.to(torch.bfloat16)).all())
+    return bool(torch.isfinite(tensor).all())
 
 
 @torch.inference_mode()

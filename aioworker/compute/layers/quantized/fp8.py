@@ -1,0 +1,64 @@
+"""FP8 W8A8 (model.quantization "fp8"): e4m3 weights with one scale per output channel, and
+activations quantized per token on the fly, multiplied by `torch._scaled_mm` (Hopper and Ada
+tensor cores run fp8 at twice bf16's rate, and the weights are half the bytes).
+
+y = (x_q W_q^T) * s_x s_w, with x_q = x / s_x, s_x = max|x_row| / 448 per token, and
+W_q = W / s_w, s_w = max|W_row| / 448 per output channel. The product accumulates in float32 and
+comes out in bfloat16 (the only output rowwise scaling allows on CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aioworker.compute.layers.quantized.on_load import Pieces, QuantizedOnLoad, finish, kernel_rows
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = torch.finfo(E4M3).max  # 448
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values, float32 scale per row): w ~ q * s."""
+    scales = (w.abs().amax(dim=-1).float() / E4M3_MAX).clamp_min(1e-12)
+    inverse = (1.0 / scales).to(w.dtype)[..., None]
+    q = (w * inverse).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q, scales
+
+
+def dequantize_rows(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return q.float() * scales.float()[..., None]
+
+
+def scaled_product(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [..., K] times an e4m3 weight [N, K] with per-channel scales [N]."""
+    rows = kernel_rows(x)
+    xq, x_scale = quantize_rows(rows)
+    y = torch._scaled_mm(
+        xq,
+        weight.t(),
+        scale_a=x_scale[:, None],
+        scale_b=weight_scale[None, :],
+        out_dtype=torch.bfloat16,
+    )
+    return finish(y, x, bias)
+
+
+class Fp8OnLoad(QuantizedOnLoad):
+    name = "fp8"
+
+    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+        return {
+            "weight": (torch.empty(out_features, in_features, dtype=E4M3), lambda w: quantize_rows(w.float())[0]),
+            "weight_scale": (torch.empty(out_features, dtype=torch.float32), lambda w: quantize_rows(w.float())[1]),
+        }  # fmt: skip
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return scaled_product(x, layer.weight, layer.weight_scale, bias)
+
+
+FP8 = Fp8OnLoad()

@@ -1,0 +1,135 @@
+"""Weight-only int8 and int4 whose parameters are the quantized values (model.quantization
+"wint8" / "wint4" on a GPU; the CPU keeps its dense copy for prefill, layers/weight_only.py).
+
+- int8: one scale per output channel, as on the CPU; `torch._weight_int8pack_mm`.
+- int4: asymmetric groups of INT4_GROUP inputs (w ~ (q - 8) s + z, torch's tinygemm
+  convention), stored plainly as two values a byte ([N, K / 2], high nibble first) with scales
+  and offsets [N, K / G], so a shard's rows load and stage anywhere; after loading, the
+  kernel's own layout is derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU).
+
+Both kernels are built for a few rows. Past MAX_KERNEL_ROWS (prefill, large decode batches) the
+weight is dequantized into a bfloat16 scratch and multiplied by the dense GEMM, which then costs
+a write and a read of the dense weight on top of the product.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aioworker.compute.layers import weight_only as cpu
+from aioworker.compute.layers.quantized.on_load import (
+    Pieces,
+    QuantizedOnLoad,
+    finish,
+    kernel_rows,
+    refresh,
+)
+
+KERNEL_DTYPE = torch.bfloat16
+MAX_KERNEL_ROWS = 16
+INT4_GROUP = cpu.INT4_GROUP
+
+
+class Int8OnLoad(QuantizedOnLoad):
+    name = "wint8"
+
+    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+        return {
+            "weight": (torch.empty(out_features, in_features, dtype=torch.int8), lambda w: cpu.quantize_int8(w)[0]),
+            "weight_scale": (torch.empty(out_features, dtype=KERNEL_DTYPE), lambda w: cpu.quantize_int8(w)[1]),
+        }  # fmt: skip
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = kernel_rows(x).to(KERNEL_DTYPE)
+        if len(rows) <= MAX_KERNEL_ROWS:
+            y = torch._weight_int8pack_mm(rows, layer.weight, layer.weight_scale)
+        else:
+            y = F.linear(rows, layer.weight.to(KERNEL_DTYPE)) * layer.weight_scale
+        return finish(y, x, bias)
+
+
+def quantize_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values [N, K / 2] uint8, scales [N, K / G], offsets [N, K / G])."""
+    q, scales_and_zeros, _ = cpu.quantize_int4(w)
+    sz = scales_and_zeros.transpose(0, 1)  # [N, K / G, 2]
+    return pack_nibbles(q), sz[..., 0], sz[..., 1]
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    return (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K / 2] uint8 -> [N, K] uint8 values 0..15."""
+    return torch.stack([packed >> 4, packed & 0xF], dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize_int4_rows(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    q = unpack_nibbles(packed).to(dtype)
+    group = q.shape[1] // scales.shape[1]
+    grouped = q.reshape(q.shape[0], -1, group)
+    w = (grouped - 8) * scales.to(dtype)[..., None] + offsets.to(dtype)[..., None]
+    return w.reshape(q.shape)
+
+
+def _inner_k_tiles(in_features: int) -> int:
+    return next(t for t in (8, 4, 2) if in_features % (16 * t) == 0)
+
+
+class Int4OnLoad(QuantizedOnLoad):
+    name = "wint4"
+
+    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+        groups = in_features // cpu.int4_group(in_features)
+        return {
+            "weight": (torch.empty(out_features, in_features // 2, dtype=torch.uint8), lambda w: quantize_int4_rows(w)[0]),
+            "weight_scale": (torch.empty(out_features, groups, dtype=KERNEL_DTYPE), lambda w: quantize_int4_rows(w)[1]),
+            "weight_offset": (torch.empty(out_features, groups, dtype=KERNEL_DTYPE), lambda w: quantize_int4_rows(w)[2]),
+        }  # fmt: skip
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        packed = layer.weight.data
+        if packed.is_cuda:
+            tiled = torch._convert_weight_to_int4pack(packed, _inner_k_tiles(layer.dense_shape[1]))
+        else:
+            tiled = torch._convert_weight_to_int4pack_for_cpu(
+                unpack_nibbles(packed).to(torch.int32), 1
+            )
+        refresh(layer, "int4_tiled", tiled)
+        scales_and_offsets = torch.stack([layer.weight_scale, layer.weight_offset], dim=-1)
+        refresh(layer, "int4_scales_and_offsets", scales_and_offsets.transpose(0, 1).contiguous())
+
+    def drop_derived(self, layer: nn.Module) -> None:
+        layer.int4_tiled = layer.int4_scales_and_offsets = None
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = kernel_rows(x).to(KERNEL_DTYPE)
+        if len(rows) <= MAX_KERNEL_ROWS:
+            y = _int4_kernel(rows.is_cuda)(
+                rows, layer.int4_tiled, INT4_GROUP, layer.int4_scales_and_offsets
+            )
+        else:
+            dense = dequantize_int4_rows(
+                layer.weight, layer.weight_scale, layer.weight_offset, KERNEL_DTYPE
+            )
+            y = F.linear(rows, dense)
+        return finish(y, x, bias)
+
+
+def _int4_kernel(on_cuda: bool):
+    return torch._weight_int4pack_mm if on_cuda else torch._weight_int4pack_mm_for_cpu
+
+
+WINT8_ON_LOAD = Int8OnLoad()
+WINT4_ON_LOAD = Int4OnLoad()
