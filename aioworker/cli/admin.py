@@ -16,7 +16,7 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
 from aioworker.wire.admin_client import GroupReply, default_timeout, send
 from aioworker.wire.admin_commands import ADMIN_COMMANDS, LOG_LEVELS, AdminCommandInfo
-from aioworker.wire.health import is_ready_state
+from aioworker.wire.health import describe_weights, is_ready_state
 from aioworker.wire.protocol import AdminRequest
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -186,11 +186,24 @@ def report_error(result: GroupReply) -> None:
 
 
 def format_status(group: int, data: dict[str, Any]) -> str:
-    """`group G` then one aligned `key  value` line per field of the status reply."""
+    """`group G` then one aligned `key  value` line per field of the status reply (a line per
+    rank for `weights_per_rank`)."""
     width = max((len(key) for key in data), default=0)
     lines = [f"group {group}"]
-    lines += [f"  {key.ljust(width)}  {format_value(value)}" for key, value in data.items()]
+    for key, value in data.items():
+        texts = format_weights(value) if key == "weights_per_rank" else [format_value(value)]
+        lines += [f"  {key.ljust(width)}  {texts[0]}"]
+        lines += [f"  {' ' * width}  {text}" for text in texts[1:]]
     return "\n".join(lines)
+
+
+def format_weights(ranks: list[dict[str, Any]]) -> list[str]:
+    """'rank 0: wint4, 118 MiB held, 96 MiB read/step', one per rank that has loaded."""
+    lines = []
+    for rank in ranks:
+        held, read = rank["weight_bytes_held"], rank["weight_bytes_read"]
+        lines.append(f"rank {rank['rank']}: {describe_weights(rank['quantization'], held, read)}")
+    return lines or ["-"]
 
 
 def format_value(value: Any) -> str:

@@ -50,6 +50,11 @@ columns:
   HIT%       prompt tokens found in the prefix cache / prompt tokens looked up (driver only)
   ACC%       speculative decoding: drafts accepted / drafts verified (driver only; - when off)
   ACC_LEN    tokens a sequence gets per verifying step: accepted drafts + 1 (driver only)
+  WEIGHTS    the version of the weights (0: as loaded; each update-weights names one)
+  QUANT      the linear method of the rank's decoder projections (model.quantization:
+             none, cpu-packed, wint8, wint4, ...)
+  WEIGHT_MIB MiB of weights the rank holds / MiB it reads per decode step (its own
+             shard; quantized and packed copies, and a separate draft's, included)
   AGE_S      seconds since this rank's last beat arrived here
 
 --check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,

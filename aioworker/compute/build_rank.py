@@ -25,13 +25,13 @@ from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_b
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
-from aioworker.compute.layers.linear_method import weight_bytes
 from aioworker.compute.model_loading import build_model, fill_weights, linear_methods
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.sampling.sampler import Sampler
 from aioworker.compute.step.runner import ModelRunner
 from aioworker.compute.thread_governor import ThreadGovernor
 from aioworker.compute.weights.rank_weights import RankWeights
+from aioworker.compute.weights.summary import WeightsSummary, summarize
 from aioworker.config import WorkerConfig
 from aioworker.core.loaded_rank import LoadedRank
 
@@ -111,7 +111,7 @@ def build_rank(
             progress,
             report_phase or _ignore,
         )
-        runner, weights, num_blocks = executor.call(lambda: _build_runner(build)).result()
+        runner, weights, num_blocks, summary = executor.call(lambda: _build_runner(build)).result()
         executor.install(runner, weights)
     except BaseException:
         executor.shutdown()
@@ -127,6 +127,9 @@ def build_rank(
         max_model_len=max_model_len,
         load_seconds=time.monotonic() - started,
         tokenizer=_tokenizer_of(model_dir),
+        quantization=summary.quantization,
+        weight_bytes_held=summary.bytes_held,
+        weight_bytes_read=summary.bytes_read,
     )
     return executor, loaded
 
@@ -156,24 +159,34 @@ class _Build:
     report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
 
 
-def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int]:
+def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int, WeightsSummary]:
     """Runs on the executor thread: the device's state is created where it will be used.
-    Returns the runner, its weights and the number of KV cache blocks."""
+    Returns the runner, its weights, the number of KV cache blocks and what the weights amount
+    to."""
     config, device = build.config, build.device
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
     )
     fill_weights(model, build.model_dir, config, build.progress, config.model.seed)
-    log.info(
-        "linear layers: projections %s, LM head %s; %.1f MiB of weights read per decode step",
-        methods.projections.name, methods.lm_head.name, weight_bytes(model) / 2**20,
-    )  # fmt: skip
     draft = build_draft(
         model, build.model_config, config, build.tp, build.max_model_len, build.progress
     )
     if device.type == "cuda" and config.device.attention_backend != "torch":
-        return _build_cuda_runner(model, draft, build)
+        runner, weights, num_blocks = _build_cuda_runner(model, draft, build)
+    else:
+        runner, weights, num_blocks = _build_cpu_runner(model, draft, build)
+    summary = summarize(runner.weight_models())
+    log.info(
+        "linear layers: projections %s, LM head %s; %.1f MiB of weights held, %.1f MiB read "
+        "per decode step", methods.projections.name, methods.lm_head.name,
+        summary.bytes_held / 2**20, summary.bytes_read / 2**20,
+    )  # fmt: skip
+    return runner, weights, num_blocks, summary
+
+
+def _build_cpu_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
+    config, device = build.config, build.device
     layers = model.attention_layers() + (draft.attention_layers() if draft else [])
     num_blocks = _num_blocks(config, layers, build.dtype, build.max_model_len)
     backend = TorchAttentionBackend(

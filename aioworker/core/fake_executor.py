@@ -19,6 +19,9 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
 FAKE_VOCAB_SIZE = 32000
+# The weights the fake rank reports holding and reading per step, as a small model's would be.
+FAKE_WEIGHT_BYTES_HELD = 120 << 20
+FAKE_WEIGHT_BYTES_READ = 96 << 20
 
 
 def fake_token(position: int) -> int:
@@ -177,6 +180,9 @@ def fake_loaded_rank(config: WorkerConfig) -> LoadedRank:
         device="fake",
         dtype="none",
         load_seconds=0.0,
+        quantization=config.model.quantization,
+        weight_bytes_held=FAKE_WEIGHT_BYTES_HELD,
+        weight_bytes_read=FAKE_WEIGHT_BYTES_READ,
     )
 
 

@@ -1,5 +1,5 @@
 """What a built rank tells the torch-free side: the model's vocabulary, stop tokens and
-tokenizer, the longest sequence, and the KV cache's geometry."""
+tokenizer, the longest sequence, the KV cache's geometry, and what its weights amount to."""
 
 from __future__ import annotations
 
@@ -22,3 +22,9 @@ class LoadedRank:
     load_seconds: float
     # The model's tokenizer where its directory has one (stop strings need it).
     tokenizer: Decodes | None = None
+    # The decoder projections' linear method ("none", "wint4", ...: shown as it is), the bytes of
+    # every weight tensor this rank holds (derived copies and a separate draft's included), and
+    # the bytes of weight one decode step reads (compute/weights/summary.py).
+    quantization: str = ""
+    weight_bytes_held: int = 0
+    weight_bytes_read: int = 0

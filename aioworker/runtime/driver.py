@@ -16,7 +16,7 @@ from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.admin import AdminHandler
 from aioworker.runtime.group_control import GroupControl
-from aioworker.runtime.heartbeat import ServingInfo
+from aioworker.runtime.heartbeat import ServingInfo, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.intake import RequestIntake
 from aioworker.runtime.lifecycle import FatalError
@@ -105,7 +105,9 @@ class Driver:
         )
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group
-            self.metrics = WorkerMetrics(rank.group, port, runtime.host, self.serving_info)
+            self.metrics = WorkerMetrics(
+                rank.group, port, runtime.host, self.serving_info, self.weights_per_rank()
+            )
         requests = OpenRequests(self.core, self.results, rank.group, self.metrics)
         self.control = GroupControl(rank.lifecycle, self.core, requests)
         requests.on_all_ended = self.control.finish_drain_if_done
@@ -155,7 +157,9 @@ class Driver:
             if self.loaded is None:
                 return ServingInfo()
             return ServingInfo(
-                kv_blocks_total=self.loaded.num_blocks, max_model_len=self.loaded.max_model_len
+                kv_blocks_total=self.loaded.num_blocks,
+                max_model_len=self.loaded.max_model_len,
+                **weights_info(self.loaded),
             )
         scheduler = self.core.scheduler
         blocks = scheduler.block_manager
@@ -171,7 +175,15 @@ class Driver:
             blocks.num_queried_tokens,
             self.loaded.max_model_len,
             *((policy.num_proposed, policy.num_accepted, policy.num_verified) if policy else ()),
+            **weights_info(self.loaded),
         )
+
+    def weights_per_rank(self) -> list[dict[str, Any]]:
+        """Each loaded rank's quantization and weight bytes: the driver's own, then its peers'
+        (from their PeerReady)."""
+        own = [(0, self.loaded)] if self.loaded is not None else []
+        peers = sorted(self.peers.ready.items()) if self.peers is not None else []
+        return [{"rank": rank, **weights_info(facts)} for rank, facts in own + peers]
 
     def _on_client_gone(self, client) -> None:
         reason = "the client is gone, or has read none of its outputs for a long time"
@@ -261,6 +273,7 @@ class Driver:
             "loop_cpu_us_per_step": round(self.loop_cpu_time.mean * 1e6, 1),
             "weights_version": info.weights_version,
             "last_weights_update_s": self.weights.last_update_s if self.weights else None,
+            "weights_per_rank": self.weights_per_rank(),
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
             "model": str(self.loaded.model_dir) if self.loaded else None,
         }

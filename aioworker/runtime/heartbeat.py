@@ -10,18 +10,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import zmq
 
+from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
-from aioworker.wire.protocol import Heartbeat, encode
+from aioworker.wire.protocol import Heartbeat, PeerReady, encode
 from aioworker.wire.transport import make_socket, remove_ipc_file
 
 
 class ServingInfo(NamedTuple):
-    """What the rank's role reports in its beats: queue depths, KV blocks, weights version."""
+    """What the rank's role reports in its beats: queue depths, KV blocks, weights version and
+    what its weights amount to."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -38,6 +40,22 @@ class ServingInfo(NamedTuple):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_verified: int = 0
+    # Once loaded (every rank): its projections' quantization, weight bytes held and read per step.
+    quantization: str = ""
+    weight_bytes_held: int = 0
+    weight_bytes_read: int = 0
+
+
+def weights_info(loaded: LoadedRank | PeerReady | None) -> dict[str, Any]:
+    """The fields of a rank's loaded weights, as ServingInfo, Heartbeat and PeerReady name them
+    (none before it has loaded)."""
+    if loaded is None:
+        return {}
+    return {
+        "quantization": loaded.quantization,
+        "weight_bytes_held": loaded.weight_bytes_held,
+        "weight_bytes_read": loaded.weight_bytes_read,
+    }
 
 
 class HeartbeatSource:
@@ -85,6 +103,9 @@ class HeartbeatSource:
             spec_draft_tokens=info.spec_draft_tokens,
             spec_accepted_tokens=info.spec_accepted_tokens,
             spec_verified=info.spec_verified,
+            quantization=info.quantization,
+            weight_bytes_held=info.weight_bytes_held,
+            weight_bytes_read=info.weight_bytes_read,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

@@ -1,7 +1,8 @@
 """Prometheus metrics of a driver rank, served over HTTP by prometheus_client on its own thread.
 
-Gauges are read when scraped (no cost on the hot path); counters and histograms are updated once
-per request or once per step, never once per token.
+Gauges are read when scraped (no cost on the hot path), except the weights' of each rank, set once
+loaded; counters and histograms are updated once per request or once per step, never once per
+token.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -22,8 +24,15 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 class WorkerMetrics:
     def __init__(
-        self, group: int, port: int, host: str, serving_info: Callable[[], ServingInfo]
+        self,
+        group: int,
+        port: int,
+        host: str,
+        serving_info: Callable[[], ServingInfo],
+        weights_per_rank: list[dict[str, Any]],
     ) -> None:
+        """`weights_per_rank`: each rank's quantization and weight bytes, fixed once the group
+        has loaded (Driver.weights_per_rank)."""
         self.registry = CollectorRegistry()
         label = str(group)
 
@@ -32,6 +41,7 @@ class WorkerMetrics:
 
         for name, doc, read in STATE_GAUGES:
             gauge(name, doc, lambda read=read: read(serving_info()))
+        self._weights_gauges(label, weights_per_rank)
         self.ttft = self._histogram(
             "aioworker:time_to_first_token_seconds", "Submit to first token.", label
         )
@@ -59,6 +69,25 @@ class WorkerMetrics:
         self._last_step_at: float | None = None
         start_http_server(port, addr=host, registry=self.registry)
         log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def _weights_gauges(self, group: str, weights_per_rank: list[dict[str, Any]]) -> None:
+        labels = ["group", "rank", "quantization"]
+        held = Gauge(
+            "aioworker:weight_bytes_held",
+            "Bytes of every weight tensor a rank holds (quantized and packed copies included).",
+            labels,
+            registry=self.registry,
+        )
+        read = Gauge(
+            "aioworker:weight_bytes_read_per_step",
+            "Bytes of weight a rank reads per decode step.",
+            labels,
+            registry=self.registry,
+        )
+        for rank in weights_per_rank:
+            values = (group, str(rank["rank"]), rank["quantization"])
+            held.labels(*values).set(rank["weight_bytes_held"])
+            read.labels(*values).set(rank["weight_bytes_read"])
 
     def _histogram(self, name: str, doc: str, group: str):
         return Histogram(

@@ -15,7 +15,7 @@ from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan
 from aioworker.core.weights_phase import WeightsPhase
-from aioworker.runtime.heartbeat import ServingInfo
+from aioworker.runtime.heartbeat import ServingInfo, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
@@ -70,9 +70,8 @@ class Peer:
         self.executor, self.loaded = executor, loaded
         rank = self.rank
         rank.spawn(watch_for_hung_steps(rank.progress))
-        await self.acks.send_multipart(
-            encode(PeerReady(rank=rank.index, num_blocks=loaded.num_blocks))
-        )
+        ready = PeerReady(rank=rank.index, num_blocks=loaded.num_blocks, **weights_info(loaded))
+        await self.acks.send_multipart(encode(ready))
         rank.lifecycle.move(RankState.READY)
         self.liveness.expect_beats_now(0)  # the driver is up: our sockets reached it
         rank.spawn(self.plan_loop())
@@ -82,7 +81,11 @@ class Peer:
 
     def serving_info(self) -> ServingInfo:
         total = self.loaded.num_blocks if self.loaded is not None else 0
-        return ServingInfo(kv_blocks_total=total, weights_version=self.weights_version)
+        return ServingInfo(
+            kv_blocks_total=total,
+            weights_version=self.weights_version,
+            **weights_info(self.loaded),
+        )
 
     def on_stop_signal(self) -> None:
         """A serving peer keeps serving: it stops when its driver publishes Shutdown after

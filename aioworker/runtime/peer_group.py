@@ -46,6 +46,8 @@ class PeerGroup:
         self.unsent = DropCounter(log, "messages the peers may not have received")
         self.weights_acks: asyncio.Queue[WeightsAck] = asyncio.Queue()
         self.phase_timeout_s = PHASE_TIMEOUT_S
+        # Each peer's PeerReady, by rank: its KV blocks and what its weights amount to.
+        self.ready: dict[int, PeerReady] = {}
         self.control = self.acks = None
         if self.size > 1:
             self._bind(rank)
@@ -72,7 +74,7 @@ class PeerGroup:
         if self.size == 1:
             return num_blocks
         waiting_subscriptions = {f"rank{r}".encode() for r in range(1, self.size)}
-        ready: dict[int, int] = {}
+        ready = self.ready
 
         async def subscriptions() -> None:
             while waiting_subscriptions:
@@ -84,11 +86,11 @@ class PeerGroup:
             while len(ready) < self.size - 1:
                 message = await self._recv_ack()
                 if isinstance(message, PeerReady):
-                    ready[message.rank] = message.num_blocks
+                    ready[message.rank] = message
                     self.liveness.expect_beats_now(message.rank)
 
         await asyncio.wait_for(asyncio.gather(subscriptions(), acks()), PEER_STARTUP_TIMEOUT_S)
-        return min(num_blocks, *ready.values())
+        return min(num_blocks, *(message.num_blocks for message in ready.values()))
 
     def serve(self) -> None:
         if self.size > 1:

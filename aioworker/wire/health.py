@@ -44,7 +44,7 @@ STALE = "STALE"
 
 COLUMNS = (
     "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "CACHED", "HIT%", "TOK/S",
-    "ACC%", "ACC_LEN", "WEIGHTS", "PID",
+    "ACC%", "ACC_LEN", "WEIGHTS", "QUANT", "WEIGHT_MIB", "PID",
     "AGE_S", "DETAIL",
 )  # fmt: skip
 
@@ -149,9 +149,31 @@ def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
         f"{100 * beat.spec_acceptance_rate:.1f}" if beat.spec_draft_tokens else "-",
         f"{beat.spec_mean_accepted_length:.2f}" if beat.spec_verified else "-",
         str(beat.weights_version),
+        beat.quantization or "-",
+        weight_mib(beat),
         str(beat.pid),
         f"{now - seen.received_at:.1f}",
         beat.detail,
+    )
+
+
+def weight_mib(beat: Heartbeat) -> str:
+    """MiB of weights held / read per decode step; '-' before the rank has loaded."""
+    if not beat.weight_bytes_held:
+        return "-"
+    return f"{format_mib(beat.weight_bytes_held)}/{format_mib(beat.weight_bytes_read)}"
+
+
+def format_mib(num_bytes: int) -> str:
+    """Mebibytes: one decimal below 10 (a tiny model or draft), none from there."""
+    mib = num_bytes / 2**20
+    return f"{mib:.1f}" if mib < 10 else f"{mib:.0f}"
+
+
+def describe_weights(quantization: str, bytes_held: int, bytes_read: int) -> str:
+    """One rank's weights for people: 'wint4, 118 MiB held, 96 MiB read/step'."""
+    return (
+        f"{quantization}, {format_mib(bytes_held)} MiB held, {format_mib(bytes_read)} MiB read/step"
     )
 
 

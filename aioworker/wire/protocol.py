@@ -25,7 +25,8 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 # 6: speculative decoding: plans carry draft counts (StepPlan.num_draft_tokens), results are
 # ragged (StepResult.num_sampled), and speculation figures travel in heartbeats. 7: drafts
 # made on the executor (StepPlan.num_next_drafts asks, StepResult.next_drafts answers).
-PROTOCOL_VERSION = 7
+# 8: each rank's quantization and weight bytes (held, read per step) in heartbeats and PeerReady.
+PROTOCOL_VERSION = 8
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
@@ -120,6 +121,10 @@ ControlMessage = PlanMessage | WeightsStatus | Shutdown
 class PeerReady(_Message, tag="ready"):
     rank: int
     num_blocks: int
+    # What the peer's weights amount to, as in its heartbeats (the driver's `admin status`).
+    quantization: str = ""
+    weight_bytes_held: int = 0
+    weight_bytes_read: int = 0
 
 
 class PeerFailed(_Message, tag="failed"):
@@ -205,6 +210,11 @@ class Heartbeat(_Message, tag="heartbeat"):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_verified: int = 0
+    # Every rank, once loaded ("" and 0 before): the linear method of its decoder projections
+    # (shown as it is), the bytes of every weight tensor it holds, and those a decode step reads.
+    quantization: str = ""
+    weight_bytes_held: int = 0
+    weight_bytes_read: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

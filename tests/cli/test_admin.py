@@ -9,7 +9,9 @@ import time
 
 import pytest
 
+from aioworker.cli.admin import format_status
 from aioworker.cli.main import main
+from aioworker.core.fake_executor import FAKE_WEIGHT_BYTES_HELD, FAKE_WEIGHT_BYTES_READ
 from tests.cli_workers import (  # noqa: F401
     HEARTBEAT_INTERVAL_S,
     Worker,
@@ -20,6 +22,7 @@ from tests.cli_workers import (  # noqa: F401
 
 STATUS_KEYS = {"group", "state", "step_id", "num_running", "num_waiting", "kv_blocks_used"}
 STATUS_KEYS |= {"kv_blocks_total", "num_requests", "weights_version", "tensor_parallel_size"}
+STATUS_KEYS |= {"weights_per_rank"}
 
 
 def test_status_reports_ready_with_its_data(capsys, ready_worker: Worker) -> None:
@@ -27,6 +30,8 @@ def test_status_reports_ready_with_its_data(capsys, ready_worker: Worker) -> Non
     assert code == 0
     assert out.splitlines()[0] == "group 0"
     assert any(line.split() == ["state", "READY"] for line in out.splitlines())
+    weights = "weights_per_rank rank 0: none, 120 MiB held, 96 MiB read/step"
+    assert any(line.split() == weights.split() for line in out.splitlines())
 
     code, out, _ = cli(capsys, "admin", "status", "--json", *ready_worker.args)
     assert code == 0
@@ -34,6 +39,27 @@ def test_status_reports_ready_with_its_data(capsys, ready_worker: Worker) -> Non
     assert record["ok"] is True and record["group"] == 0 and record["message"] == "READY"
     assert record["data"].keys() >= STATUS_KEYS
     assert record["data"]["kv_blocks_total"] == 65536  # the fake executor's default
+    assert record["data"]["weights_per_rank"] == [
+        {
+            "rank": 0,
+            "quantization": "none",
+            "weight_bytes_held": FAKE_WEIGHT_BYTES_HELD,
+            "weight_bytes_read": FAKE_WEIGHT_BYTES_READ,
+        }
+    ]
+
+
+def test_status_text_gives_each_rank_its_weights_line() -> None:
+    rank = {"quantization": "wint4", "weight_bytes_held": 118 << 20, "weight_bytes_read": 1 << 19}
+    data = {"state": "READY", "weights_per_rank": [{"rank": r, **rank} for r in (0, 1)]}
+    assert format_status(0, data).splitlines() == [
+        "group 0",
+        "  state             READY",
+        "  weights_per_rank  rank 0: wint4, 118 MiB held, 0.5 MiB read/step",
+        "                    rank 1: wint4, 118 MiB held, 0.5 MiB read/step",
+    ]
+    loading = format_status(0, {"state": "LOADING", "weights_per_rank": []})
+    assert loading.splitlines()[-1] == "  weights_per_rank  -"
 
 
 def test_pause_and_resume_change_the_state(capsys, ready_worker: Worker) -> None:

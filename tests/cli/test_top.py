@@ -34,7 +34,8 @@ def make_beat(group: int = 0, rank: int = 0, state: str = "READY", **fields) -> 
     values = dict(
         pid=42, step_id=7, step_elapsed_s=0.25, num_running=3, num_waiting=1, kv_blocks_used=10,
         kv_blocks_total=100, tokens_per_s=123.45, weights_version=2, interval_s=1.0, sent_at=0.0,
-        kv_blocks_cached=6, prefix_hit_tokens=30, prefix_queried_tokens=120,
+        kv_blocks_cached=6, prefix_hit_tokens=30, prefix_queried_tokens=120, quantization="wint4",
+        weight_bytes_held=118 << 20, weight_bytes_read=96 << 20,
     )  # fmt: skip
     return Heartbeat(group=group, rank=rank, state=state, **{**values, **fields})
 
@@ -94,12 +95,17 @@ def test_beat_table_is_ready_when_every_rank_is_ready() -> None:
 def test_table_row_shows_every_field() -> None:
     row = table_row((1, 2), seen(0.5), NOW)
     assert row == (
-        "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "-", "-", "2", "42",
-        "0.5", "",
+        "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "-", "-", "2",
+        "wint4", "118/96", "42", "0.5", "",
     )  # fmt: skip
     assert len(row) == len(COLUMNS)
     speculating = seen(0.5, spec_draft_tokens=40, spec_accepted_tokens=30, spec_verified=10)
     assert table_row((1, 2), speculating, NOW)[10:12] == ("75.0", "4.00")
+    # A tiny model in tenths of a MiB; a rank still loading has no weights to show.
+    tiny = seen(0.5, quantization="none", weight_bytes_held=3 << 19, weight_bytes_read=1 << 19)
+    assert table_row((1, 2), tiny, NOW)[13:15] == ("none", "1.5/0.5")
+    loading = seen(0.5, state="LOADING", quantization="", weight_bytes_held=0, weight_bytes_read=0)
+    assert table_row((1, 2), loading, NOW)[13:15] == ("-", "-")
     assert table_row((0, 1), None, NOW) == ("0.1", MISSING) + ("-",) * (len(COLUMNS) - 2)
 
 
@@ -149,6 +155,8 @@ def test_once_shows_the_rank_ready(capsys, ready_worker: Worker) -> None:
     header, row = out.splitlines()
     assert header.split() == list(COLUMNS)
     assert row.split()[:2] == ["0.0", "READY"]
+    # The fake executor's weights: model.quantization as configured, 120 MiB held, 96 read.
+    assert row.split()[13:15] == ["none", "120/96"]
 
 
 def test_json_streams_parseable_beats(ready_worker: Worker) -> None:

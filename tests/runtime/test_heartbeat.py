@@ -1,6 +1,7 @@
 """A rank beats at once when its state changes, and an admin reply leaves only after a beat that
 carries the state it reports: whoever reads the heartbeats (a client, a gateway) has seen the
-state by the time an admin command prints it, however long the beat interval."""
+state by the time an admin command prints it, however long the beat interval. Every rank's
+beats, and its driver's status, say what each rank's weights amount to."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from aioworker.cli.admin import wait_ready
+from aioworker.cli.admin import format_status, wait_ready
+from aioworker.core.fake_executor import FAKE_WEIGHT_BYTES_HELD, FAKE_WEIGHT_BYTES_READ
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from aioworker.wire.protocol import HEARTBEAT_DECODER
@@ -77,3 +79,47 @@ def test_right_after_wait_ready_a_client_sees_ready_every_time(tmp_path) -> None
         return seen
 
     assert asyncio.run(main()) == [(["READY"], "length")] * 3
+
+
+def test_each_rank_beats_its_own_weights_and_the_driver_reports_them_all(
+    tmp_path, distinct_weights
+) -> None:
+    config = inprocess_config(
+        tmp_path, **{"parallel.tensor_parallel_size": 2, "model.quantization": "wint4"}
+    )
+
+    async def scenario(group: InProcessGroup, client: Client):
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        for endpoint in group_endpoints(config.runtime, 0, 2).heartbeats:
+            sock.connect(endpoint)
+        beats = {}
+        try:
+            while len(beats) < 2:
+                beat = HEARTBEAT_DECODER.decode(await sock.recv_multipart())
+                if beat.state == "READY":
+                    beats[beat.rank] = beat
+        finally:
+            sock.close()
+        return beats, (await group.admin("status")).data
+
+    (beats, status), _ = run(scenario, config)
+    for rank in (0, 1):
+        beat = beats[rank]
+        assert beat.quantization == "wint4"
+        assert beat.weight_bytes_held == FAKE_WEIGHT_BYTES_HELD + (rank << 20)
+        assert beat.weight_bytes_read == FAKE_WEIGHT_BYTES_READ
+    assert status["weights_per_rank"] == [
+        {
+            "rank": rank,
+            "quantization": "wint4",
+            "weight_bytes_held": FAKE_WEIGHT_BYTES_HELD + (rank << 20),
+            "weight_bytes_read": FAKE_WEIGHT_BYTES_READ,
+        }
+        for rank in (0, 1)
+    ]
+    lines = format_status(0, status).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[0] == "weights_per_rank")
+    assert lines[at].split(maxsplit=1)[1] == "rank 0: wint4, 120 MiB held, 96 MiB read/step"
+    assert lines[at + 1].strip() == "rank 1: wint4, 121 MiB held, 96 MiB read/step"
