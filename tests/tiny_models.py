@@ -44,18 +44,26 @@ def tiny_configs():
 
 
 def build_tiny_model(
-    name: str, out_dir: Path, seed: int = 0, logit_scale: float = 1.0, vocab_size: int = 0
+    name: str,
+    out_dir: Path,
+    seed: int = 0,
+    logit_scale: float = 1.0,
+    vocab_size: int = 0,
+    **overrides,
 ):
     """Save a model with every parameter random (biases and norms too) and return it.
 
     `logit_scale` multiplies the LM head: sharper distributions keep bf16 rounding differences
     from flipping greedy choices between two implementations (a near-tie says nothing).
-    `vocab_size` (0: the config's) makes distributions small enough to count."""
+    `vocab_size` (0: the config's) makes distributions small enough to count. `overrides` set
+    other config fields (sizes that quantized formats' blocks divide)."""
     from transformers import AutoModelForCausalLM
 
     config = tiny_configs()[name]
     if vocab_size:
         config.vocab_size = vocab_size
+    for field, value in overrides.items():
+        setattr(config, field, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     generator = torch.Generator().manual_seed(seed)

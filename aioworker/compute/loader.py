@@ -70,6 +70,7 @@ def load_weights(
     params = dict(model.named_parameters(remove_duplicate=False))
     packed: dict[str, tuple[str, int]] = getattr(model, "packed_modules", {})
     tied = _tied_names(model)
+    ignored = _IGNORED_SUFFIXES + tuple(getattr(model, "ignored_checkpoint_suffixes", ()))
     expected = {name for name in params if name not in tied}
     loaded: set[str] = set()
     bar = tqdm(
@@ -77,7 +78,7 @@ def load_weights(
     )
     for name, tensor in tensors:
         bar.update(1)
-        if name.endswith(_IGNORED_SUFFIXES) or name in tied:
+        if name.endswith(ignored) or name in tied:
             continue
         param_name, shard_id = _resolve(name, packed)
         if param_name not in params:

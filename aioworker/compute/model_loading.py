@@ -14,6 +14,7 @@ from aioworker.compute.layers.linear_method import (
     LinearMethods,
     process_after_loading,
 )
+from aioworker.compute.layers.quantized.checkpoint_config import checkpoint_method
 from aioworker.compute.layers.quantized.fp8 import FP8
 from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
 from aioworker.compute.layers.weight_only import WINT4, WINT8
@@ -38,16 +39,17 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
     ones packed for oneDNN where it serves (device.cpu_packed_weights), elsewhere torch's dense
     matmul. On the CPU, weight-only formats keep the dense weight for prefill
     (layers/weight_only.py); elsewhere the quantized values are all that is held."""
-    if cfg.quant_method:
-        raise ValueError(
-            f"the checkpoint is quantized (quantization_config.quant_method "
-            f"{cfg.quant_method!r}), and this version loads unquantized checkpoints only; "
-            "give a bf16, fp16 or fp32 checkpoint"
-        )
     dense = UNQUANTIZED
     if config.device.cpu_packed_weights and cpu_packing.is_available(device):
         dense = cpu_packing.CPU_PACKED
     quantization = config.model.quantization
+    if cfg.quant_method:
+        if quantization != "none":
+            raise ConfigError(
+                f"the checkpoint is already quantized (quantization_config.quant_method "
+                f"{cfg.quant_method!r}); set model.quantization to 'none' to load it as it is"
+            )
+        return LinearMethods(checkpoint_method(cfg.quant_method, cfg.quantization_config), dense)
     if quantization == "none":
         return LinearMethods(dense, dense)
     if device.type == "cpu":
@@ -84,6 +86,8 @@ def build_model(
             model = cls(cfg, max_model_len, tp, methods)
     finally:
         torch.set_default_dtype(previous)
+    # A quantized checkpoint's tensors that carry nothing the method uses (loader.py).
+    model.ignored_checkpoint_suffixes = getattr(methods.projections, "ignored_suffixes", ())
     return model.eval()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aioworker.compute.layers import weight_only as cpu_weight_only
 from aioworker.compute.layers.linear import RowParallelLinear, column_parallel
 from aioworker.compute.layers.linear_method import process_after_loading
 from aioworker.compute.layers.quantized import fp8, weight_only
@@ -42,7 +43,7 @@ def test_int4_rows_round_trip_is_within_half_a_step() -> None:
     w = torch.randn(32, 256)
     packed, scales, offsets = weight_only.quantize_int4_rows(w)
     assert packed.dtype == torch.uint8 and packed.shape == (32, 128)
-    step = scales.float().repeat_interleave(weight_only.INT4_GROUP, dim=1)
+    step = scales.float().repeat_interleave(cpu_weight_only.INT4_GROUP, dim=1)
     error = (weight_only.dequantize_int4_rows(packed, scales, offsets) - w).abs()
     assert (error <= step / 2 + 1e-5).all()
 

@@ -2,7 +2,7 @@
 "wint8" / "wint4" on a GPU; the CPU keeps its dense copy for prefill, layers/weight_only.py).
 
 - int8: one scale per output channel, as on the CPU; `torch._weight_int8pack_mm`.
-- int4: asymmetric groups of INT4_GROUP inputs (w ~ (q - 8) s + z, torch's tinygemm
+- int4: asymmetric groups of 32 inputs (layers/weight_only.py says why 32) (w ~ (q - 8) s + z, torch's tinygemm
   convention), stored plainly as two values a byte ([N, K / 2], high nibble first) with scales
   and offsets [N, K / G], so a shard's rows load and stage anywhere; after loading, the
   kernel's own layout is derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU).
@@ -29,7 +29,6 @@ from aioworker.compute.layers.quantized.on_load import (
 
 KERNEL_DTYPE = torch.bfloat16
 MAX_KERNEL_ROWS = 16
-INT4_GROUP = cpu.INT4_GROUP
 
 
 class Int8OnLoad(QuantizedOnLoad):
@@ -85,7 +84,51 @@ def _inner_k_tiles(in_features: int) -> int:
     return next(t for t in (8, 4, 2) if in_features % (16 * t) == 0)
 
 
-class Int4OnLoad(QuantizedOnLoad):
+class Int4Kernels:
+    """Products by int4 weights through torch's kernels, from a derived copy in the kernel's
+    layout (`derive`); past MAX_KERNEL_ROWS, through the dense GEMM on the dequantized weight
+    (`dequantized`, the method's own)."""
+
+    def derive(
+        self,
+        layer: nn.Module,
+        values: torch.Tensor,
+        scales: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> None:
+        """`values` [N, K] 0..15, `scales` and `offsets` [N, K / G]: w ~ (q - 8) s + z."""
+        if values.is_cuda:
+            tiled = torch._convert_weight_to_int4pack(
+                pack_nibbles(values), _inner_k_tiles(values.shape[1])
+            )
+        else:
+            tiled = torch._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
+        refresh(layer, "int4_tiled", tiled)
+        scales_and_offsets = torch.stack([scales, offsets], dim=-1).to(KERNEL_DTYPE)
+        refresh(layer, "int4_scales_and_offsets", scales_and_offsets.transpose(0, 1).contiguous())
+        layer.int4_group = values.shape[1] // scales.shape[1]
+
+    def drop_derived(self, layer: nn.Module) -> None:
+        layer.int4_tiled = layer.int4_scales_and_offsets = None
+
+    def dequantized(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = kernel_rows(x).to(KERNEL_DTYPE)
+        if len(rows) <= MAX_KERNEL_ROWS:
+            kernel = (
+                torch._weight_int4pack_mm if rows.is_cuda else torch._weight_int4pack_mm_for_cpu
+            )
+            y = kernel(rows, layer.int4_tiled, layer.int4_group, layer.int4_scales_and_offsets)
+        else:
+            y = F.linear(rows, self.dequantized(layer, KERNEL_DTYPE))
+        return finish(y, x, bias)
+
+
+class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
     name = "wint4"
 
     def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
@@ -97,38 +140,11 @@ class Int4OnLoad(QuantizedOnLoad):
         }  # fmt: skip
 
     def process_after_loading(self, layer: nn.Module) -> None:
-        packed = layer.weight.data
-        if packed.is_cuda:
-            tiled = torch._convert_weight_to_int4pack(packed, _inner_k_tiles(layer.dense_shape[1]))
-        else:
-            tiled = torch._convert_weight_to_int4pack_for_cpu(
-                unpack_nibbles(packed).to(torch.int32), 1
-            )
-        refresh(layer, "int4_tiled", tiled)
-        scales_and_offsets = torch.stack([layer.weight_scale, layer.weight_offset], dim=-1)
-        refresh(layer, "int4_scales_and_offsets", scales_and_offsets.transpose(0, 1).contiguous())
+        values = unpack_nibbles(layer.weight.data)
+        self.derive(layer, values, layer.weight_scale, layer.weight_offset)
 
-    def drop_derived(self, layer: nn.Module) -> None:
-        layer.int4_tiled = layer.int4_scales_and_offsets = None
-
-    def apply(
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        rows = kernel_rows(x).to(KERNEL_DTYPE)
-        if len(rows) <= MAX_KERNEL_ROWS:
-            y = _int4_kernel(rows.is_cuda)(
-                rows, layer.int4_tiled, INT4_GROUP, layer.int4_scales_and_offsets
-            )
-        else:
-            dense = dequantize_int4_rows(
-                layer.weight, layer.weight_scale, layer.weight_offset, KERNEL_DTYPE
-            )
-            y = F.linear(rows, dense)
-        return finish(y, x, bias)
-
-
-def _int4_kernel(on_cuda: bool):
-    return torch._weight_int4pack_mm if on_cuda else torch._weight_int4pack_mm_for_cpu
+    def dequantized(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset, dtype)
 
 
 WINT8_ON_LOAD = Int8OnLoad()
