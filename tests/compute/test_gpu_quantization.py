@@ -1,9 +1,10 @@
 """Quantized weights on the GPU (`pytest -m gpu`): each format quantized while loading multiplies
 as its dequantized weight does, on the kernels' few rows and the dequantizing path, and the same
 inside a CUDA graph; quantized checkpoints read back their dequantized weights through the
-device's own products (the block-scaled one where the device has it); fp8 on the embedded model,
-teacher-forced against bf16; and a quantized engine's graphs, release and resume keep its
-tokens."""
+device's own products (the block-scaled one where the device has it);
+and a quantized engine's graphs, release and resume keep its tokens. (The embedded model is
+not on the GPU machine: its file is past what a run may carry; fp8's accuracy on it is measured
+through torch's CPU product, tests/test_quantization.py.)"""
 
 from __future__ import annotations
 
@@ -83,44 +84,17 @@ def test_a_quantized_checkpoint_reads_back_on_the_gpu(tmp_path, layout) -> None:
         eng.close()
 
 
-def test_fp8_on_the_embedded_model_against_bf16(embedded_model_dir) -> None:
-    from tests.test_quantization import BOUNDS, teacher_forced, text_tokens
-
-    results = {}
-    for quantization in ("none", "fp8"):
-        eng = engine(
-            embedded_model_dir,
-            **{
-                "model.dtype": "bfloat16",
-                "model.quantization": quantization,
-                "model.max_model_len": 4096,
-            },
-        )
-        try:
-            tokens = text_tokens(eng)
-            results[quantization] = teacher_forced(eng, tokens)
-        finally:
-            eng.close()
-    (expected, perplexity), (got, fp8_perplexity) = results["none"], results["fp8"]
-    agreement = sum(a == b for a, b in zip(got, expected, strict=True)) / len(expected)
-    increase = fp8_perplexity / perplexity - 1
-    print(
-        f"\nfp8 on the GPU: next-token agreement with bf16 {agreement:.2%}; perplexity "
-        f"{fp8_perplexity:.3f} against {perplexity:.3f} ({increase:+.2%})"
-    )
-    assert agreement >= BOUNDS["fp8"][0] and increase <= BOUNDS["fp8"][1]
-
-
 @pytest.mark.parametrize("quantization", ["fp8", "wint8", "wint4"])
 def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
-    embedded_model_dir, quantization: str
+    tmp_path, quantization: str
 ) -> None:
+    build_tiny_model("llama", tmp_path, logit_scale=4.0, **SIZES)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300], list(range(40, 90))]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     outputs = {}
     for graphs in (False, True):
         eng = engine(
-            embedded_model_dir,
+            tmp_path,
             **{
                 "model.dtype": "bfloat16",
                 "model.quantization": quantization,

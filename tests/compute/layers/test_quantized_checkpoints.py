@@ -44,7 +44,8 @@ def reference_weight(reference: dict, prefix: str, name: str) -> torch.Tensor:
 
 def read_back(layer, in_features: int, rows: int) -> torch.Tensor:
     """W[:, :rows] through the method's product: one-hot inputs."""
-    eye = torch.eye(in_features)[:rows]
+    device = next(layer.parameters()).device
+    eye = torch.eye(in_features, device=device)[:rows]
     return layer.linear_method.apply(layer, eye).float().t()
 
 
