@@ -96,7 +96,8 @@ def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
         eng = engine(
             tmp_path,
             **{
-                "model.dtype": "bfloat16",
+                "model.dtype": "float32",
+                "model.max_model_len": 256,
                 "model.quantization": quantization,
                 "device.cuda_graphs": graphs,
             },
