@@ -74,9 +74,10 @@ def test_a_quantized_checkpoint_reads_back_on_the_gpu(tmp_path, layout) -> None:
                 got = read_back(layer, want.shape[1], rows).float()
                 atol = 2**-7 * want.abs().max().item()
                 torch.testing.assert_close(got, want[:, :rows], rtol=2**-6, atol=atol)
-        if "block" in layout:
-            print(f"\n{layout}: block-scaled product layout {layer.block_layout}")
-            assert layer.block_layout is not None  # Hopper with CUDA >= 12.9: no dense copy
+        if "block" in layout:  # Hopper with CUDA >= 12.9: the block product, no dense copy,
+            # where it is right (cuBLAS gets 256 inputs wrong: checked per layer at load)
+            assert block.mlp.down_proj.block_layout is not None  # 512 inputs
+            assert block.self_attn.qkv_proj.block_layout is None  # 256
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         [completion] = eng.generate([[5, 17, 200, 31, 9]], params)
         assert len(completion.token_ids) == 8

@@ -30,7 +30,7 @@ def test_a_replayed_graph_computes_its_forward_on_the_steps_inputs() -> None:
     device = torch.device("cuda")
     calls = []
 
-    def forward(token_ids, positions, rows, num_splits):
+    def forward(token_ids, positions, rows, query_lens, num_splits):
         calls.append(num_splits)
         return torch.stack([token_ids * 100 + positions, rows.expand(3, -1)[0]], dim=-1).float()
 

@@ -30,12 +30,21 @@ def dequantize_rows(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[..., None]
 
 
+def quantize_activations(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: one Triton kernel on the GPU (triton_kernels.py), torch's ops elsewhere."""
+    if rows.is_cuda:
+        from aioworker.compute.layers.quantized.triton_kernels import fp8_quantize_rows
+
+        return fp8_quantize_rows(rows.contiguous())
+    return quantize_rows(rows)
+
+
 def scaled_product(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [..., K] times an e4m3 weight [N, K] with per-channel scales [N]."""
     rows = kernel_rows(x)
-    xq, x_scale = quantize_rows(rows)
+    xq, x_scale = quantize_activations(rows)
     y = torch._scaled_mm(
         xq,
         weight.t(),

@@ -44,9 +44,9 @@ class Int8OnLoad(QuantizedOnLoad):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         rows = kernel_rows(x).to(KERNEL_DTYPE)
-        if len(rows) <= MAX_KERNEL_ROWS:
+        if len(rows) <= MAX_KERNEL_ROWS and not rows.is_cuda:
             y = torch._weight_int8pack_mm(rows, layer.weight, layer.weight_scale)
-        else:
+        else:  # CUDA's int8 kernel reads at 5% of bandwidth: 62 ms a token (docs/benchmarks.md)
             y = F.linear(rows, layer.weight.to(KERNEL_DTYPE)) * layer.weight_scale
         return finish(y, x, bias)
 
@@ -144,6 +144,10 @@ class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
         self.derive(layer, values, layer.weight_scale, layer.weight_offset)
 
     def dequantized(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        if layer.weight.is_cuda:
+            from aioworker.compute.layers.quantized.triton_kernels import int4_dequantize
+
+            return int4_dequantize(layer.weight, layer.weight_scale, layer.weight_offset, dtype)
         return dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset, dtype)
 
 
