@@ -35,6 +35,9 @@ class ModelOptions(_Section):
     # one scale per output channel) or "wint4" (int4 weights in groups of 32 inputs), whose
     # products run with bfloat16 activations. The LM head and embeddings stay unquantized.
     quantization: Literal["none", "fp8", "wint8", "wint4"] = "none"
+    # The LM head through the same format too (CPU weight-only formats: its dense weight, which
+    # a tied input embedding shares, stays for lookups). Off: logits from the dense weight.
+    quantize_lm_head: bool = False
 
 
 class CacheOptions(_Section):

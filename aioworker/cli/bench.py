@@ -18,8 +18,8 @@ WORKLOAD_HELP = (
     "serve: the whole service under a streamed load, quiet and beside a busy process, against "
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
-    "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4 "
-    "side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU)"
+    "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
+    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU)"
 )
 ALONE = ("control", "api", "chat", "serve", "spec", "quant")
 
@@ -233,8 +233,8 @@ def run_quant(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
 
-    def make_engine(fmt: str) -> LLMEngine:
-        model = msgspec.structs.replace(config.model, quantization=fmt)
+    def make_engine(fmt: str, dtype: str) -> LLMEngine:
+        model = msgspec.structs.replace(config.model, quantization=fmt, dtype=dtype)
         return LLMEngine.from_config(msgspec.structs.replace(config, model=model), False)
 
     try:
@@ -243,11 +243,10 @@ def run_quant(args: argparse.Namespace) -> int:
         return fail(str(exc))
     table = quantization.table(rates, weight_bytes)
     notes = (
-        f"Each format loaded alone, in turn (order reversed every repeat); "
+        f"Each variant loaded alone, in turn (order reversed every repeat); "
         f"{quantization.DECODE_TOKENS} greedy tokens a request; medians of "
-        f"{quantization.REPEATS} runs. model.dtype {config.model.dtype!r} (float32 on the CPU "
-        "when 'auto'); quantized: the decoder's projections, weight-only, their products in "
-        "bfloat16; the LM head dense."
+        f"{quantization.REPEATS} runs. Quantized: the decoder's projections, weight-only, their "
+        "products in bfloat16; the LM head dense, in the model's dtype."
     )
     print(table, notes, sep="\n\n")
     if args.record:

@@ -59,12 +59,18 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
                 "torch's fp8 product on the CPU is a reference, 50x slower than float32; use "
                 "'wint8' or 'wint4' on the CPU"
             )
-        return LinearMethods(CPU_WEIGHT_ONLY[quantization], dense)
+        method = CPU_WEIGHT_ONLY[quantization]
+        return LinearMethods(method, method if config.model.quantize_lm_head else dense)
     if quantization == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
         raise ConfigError(
             "model.quantization 'fp8' needs fp8 tensor cores (compute capability 8.9 or more: "
             f"Ada, Hopper); this GPU has {torch.cuda.get_device_capability(device)}; use "
             "'wint8' or 'wint4'"
+        )
+    if config.model.quantize_lm_head:
+        raise ConfigError(
+            "model.quantize_lm_head runs on the CPU only: on a GPU the formats hold no dense "
+            "weight, and the LM head's may be the input embedding's; set it to false"
         )
     return LinearMethods(ON_LOAD[quantization], dense)
 
