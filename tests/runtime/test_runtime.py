@@ -22,8 +22,9 @@ from aioworker.wire.protocol import (
 )
 from aioworker.wire.transport import group_endpoints
 from tests.compute.test_parallel import listening_addresses
-from tests.conftest import EMBEDDED_OVERRIDES
+from tests.conftest import EMBEDDED_OVERRIDES, make_engine
 from tests.logprob_checks import assert_logprobs_close
+from tests.test_quantization_composes import QUESTIONS
 from tests.workers import admin, deployment, running
 
 
@@ -117,6 +118,35 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
     assert completions[1].logprobs is None
     # The rendezvous listens where the group does (127.0.0.1), not on every interface.
     assert rendezvous and all(address.is_loopback for address in rendezvous)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_with_int4_weights_equals_tp_1(embedded_model_dir) -> None:
+    """model.quantization = "wint4": each rank quantizes its own shard (the row-parallel ones,
+    o_proj's 384 and 192 inputs and down_proj's 768, start on int4 groups of 32), and the greedy
+    tokens are one rank's (prompts clear of near ties: tests/test_quantization_composes.py)."""
+    settings = {"model.path": str(embedded_model_dir), **EMBEDDED_OVERRIDES}
+    settings["model.quantization"] = "wint4"
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
+    one_rank = make_engine(embedded_model_dir, **settings)
+    try:
+        prompts = [one_rank.encode(q, chat=True) for q in QUESTIONS]
+        expected = one_rank.generate(prompts, params)
+    finally:
+        one_rank.close()
+    config, set_args = deployment(**settings, **{"parallel.tensor_parallel_size": 2})
+
+    async def scenario():
+        async with Client.from_config(config) as client:
+            return await generate_all([client], prompts, [params] * len(prompts))
+
+    with running(config, set_args):
+        completions = asyncio.run(scenario())
+    assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    for got, want in zip(completions, expected, strict=True):
+        # The int4 kernel multiplies in bfloat16, and two ranks' partial products are rounded
+        # before they add up: up to 0.06 apart here.
+        assert_logprobs_close(got.logprobs, want.logprobs, tolerance=0.15)
 
 
 def test_data_parallel_spreads_a_burst_and_aborts_within_one_step() -> None:
