@@ -66,9 +66,9 @@ def reference(embedded_engine):
 def test_agreement_and_perplexity_stay_within_bounds(
     embedded_model_dir, reference, quantization: str, monkeypatch
 ) -> None:
-    # A prefill's products have more rows than the quantized kernels take (they use the dense
-    # weight); forced through the quantized ones, the teacher-forced pass measures what decode
-    # steps read.
+    # A prefill's products have more rows than the quantized kernels take (they multiply by
+    # the same values, dequantized and packed); forced through the kernels, the teacher-forced
+    # pass measures what decode steps compute, bfloat16 activations included.
     monkeypatch.setattr(weight_only, "MAX_QUANTIZED_ROWS", NUM_TOKENS)
     check_bounds(embedded_model_dir, reference, quantization)
 

@@ -272,18 +272,6 @@ def test_drafts_keep_the_tokens_through_preemption_and_chunking(
         drafting.close()
 
 
-# The CPU's method multiplies more than MAX_QUANTIZED_ROWS rows by the dense weight (by design:
-# tests/compute/layers/test_weight_only.py), so verifying 4 drafts (5 rows a sequence) reads
-# other weights than decoding one token does (int4). The embedded model's weights lie on the
-# int4 grid (from a 4-bit GGUF), where the two agree and this stays hidden; on weights off it
-# (any bf16 checkpoint, a trainer's update) drafts change the greedy tokens. The GPU's format
-# dequantizes the int4 values it multiplies by, and keeps them.
-DENSE_VERIFICATION = pytest.mark.xfail(
-    strict=True,
-    reason="the CPU's wint4 verifies drafts with the dense weight and decodes with int4",
-)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """Random weights, off any int4 grid; a sharp LM head, so that greedy choices stand clear."""
@@ -292,8 +280,11 @@ def tiny_model(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fmt", [pytest.param("wint4", marks=DENSE_VERIFICATION), "wint4-on-load"])
+@pytest.mark.parametrize("fmt", ["wint4", "wint4-on-load"])
 def test_ngram_drafts_keep_the_tokens_of_weights_off_the_int4_grid(tiny_model, fmt: str) -> None:
+    """Verifying drafts multiplies 5 rows a sequence, decoding one: both must read the same
+    (quantized) values, or drafts change greedy tokens on weights off the int4 grid (any bf16
+    checkpoint; the embedded model's lie on it, which hides the difference)."""
     settings = {"cache.num_blocks": 64, "model.max_model_len": 256}
     prompts = [[1, 5, 2, 7, 1, 5, 2], [3, 3, 3, 3], [9, 1, 9, 1, 9]]  # three: 15 rows verified
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)

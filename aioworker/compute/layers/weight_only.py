@@ -13,22 +13,24 @@ model's dtype, by the quantized weight.
 Both kernels are fast only with bfloat16 activations (on the 2-core EPYC, avx512_bf16: a
 576 x 3072 product at one row takes 72 us in bf16 against 947 us in float32, and 86 us for
 float32 with packed dense weights), so the product runs in bfloat16 whatever the model's
-dtype, and its result is cast back. And they are fast only for a few rows: at 8 rows and more
-the dense weight in oneDNN's packed layout is faster (576 x 3072: 189 us packed against 270
-int8 and 236 int4 at 8 rows; 95 against 73 and 68 at one). So a product of more than
-MAX_QUANTIZED_ROWS rows (prefill, large decode batches) uses the packed dense weight: decode at
-small batches reads the quantized weights, everything else runs as before.
+dtype, and its result is cast back. And they are fast only for a few rows: at 8 rows and more a dense weight in oneDNN's packed
+layout is faster (576 x 3072: 189 us packed against 270 int8 and 236 int4 at 8 rows; 95 against
+73 and 68 at one). So a product of more than MAX_QUANTIZED_ROWS rows (prefill, large decode
+batches, drafts verified) multiplies by the dequantized weight, packed: the same values as the
+kernels, so a request's tokens do not hang on its step's row count. (Packing the original dense
+weight instead made verified drafts and decoding read different weights, which changed greedy
+tokens on weights off the int4 grid: tests/test_quantization_composes.py.)
 
 The dense weight stays on the layer as the source of truth: loads and weights updates write it,
 and `process_after_loading` quantizes it again (after a load, a commit, a resume). So updates,
-rollback, release and resume work unchanged, at the price of keeping the dense copy in memory.
-Dropping it (the point of quantizing on a GPU, where memory is the limit) needs staging by
-logical shape, and comes with the GPU formats.
+rollback, release and resume work unchanged, at the price of keeping the dense copy in memory
+(the GPU's formats, quantized/, hold only the quantized values).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from aioworker.compute.layers import cpu_packing
@@ -39,23 +41,31 @@ MAX_QUANTIZED_ROWS = 4
 
 
 class _WeightOnly(cpu_packing.CpuPacked):
-    """Quantized products for a few rows, the packed dense weight for more."""
+    """Quantized products for a few rows, and for more the dequantized weight in oneDNN's packed
+    layout: every product multiplies by the same (quantized) values, so a request's tokens do
+    not depend on how many rows its step had (drafts verified, a prefix-cache hit, a batch)."""
 
     def process_after_loading(self, layer: nn.Module) -> None:
+        dequantized = self.quantize(layer).to(layer.weight.dtype)
         if cpu_packing.is_available(layer.weight.device):
-            super().process_after_loading(layer)
-        self.quantize(layer)
+            layer.packed_weight, layer.dequantized_weight = cpu_packing.pack(dequantized), None
+        else:
+            layer.packed_weight, layer.dequantized_weight = None, dequantized
 
     def drop_derived(self, layer: nn.Module) -> None:
-        super().drop_derived(layer)
+        layer.packed_weight = layer.dequantized_weight = None
         self.forget(layer)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if len(rows) > MAX_QUANTIZED_ROWS or not self.ready(layer):
-            return super().apply(layer, x, bias)
+        if not self.ready(layer):  # not loaded yet, or released
+            return F.linear(x, layer.weight, bias)
+        if len(rows) > MAX_QUANTIZED_ROWS:
+            if layer.packed_weight is not None:
+                return cpu_packing.packed_linear(x, layer.packed_weight, bias)
+            return F.linear(x, layer.dequantized_weight, bias)
         y = self.multiply(layer, rows.to(KERNEL_DTYPE)).to(x.dtype)
         y = y.reshape(*x.shape[:-1], y.shape[-1])
         return y if bias is None else y + bias
@@ -64,9 +74,10 @@ class _WeightOnly(cpu_packing.CpuPacked):
 class WeightOnlyInt8(_WeightOnly):
     name = "wint8"
 
-    def quantize(self, layer: nn.Module) -> None:
+    def quantize(self, layer: nn.Module) -> torch.Tensor:
         q, scales = quantize_int8(layer.weight.data)
         layer.int8_weight, layer.int8_scales = q, scales.to(KERNEL_DTYPE)
+        return dequantize_int8(q, layer.int8_scales)
 
     def forget(self, layer: nn.Module) -> None:
         layer.int8_weight = layer.int8_scales = None
@@ -84,11 +95,12 @@ class WeightOnlyInt8(_WeightOnly):
 class WeightOnlyInt4(_WeightOnly):
     name = "wint4"
 
-    def quantize(self, layer: nn.Module) -> None:
+    def quantize(self, layer: nn.Module) -> torch.Tensor:
         q, scales_and_zeros, group = quantize_int4(layer.weight.data)
         layer.int4_weight = torch._convert_weight_to_int4pack_for_cpu(q, 1)
         layer.int4_scales_and_zeros = scales_and_zeros.to(KERNEL_DTYPE)
         layer.int4_group = group
+        return dequantize_int4(q, layer.int4_scales_and_zeros, group)
 
     def forget(self, layer: nn.Module) -> None:
         layer.int4_weight = layer.int4_scales_and_zeros = None

@@ -48,8 +48,8 @@ def quantized_layer(method, in_features: int = 576, out_features: int = 96):
 def dequantized(layer) -> torch.Tensor:
     if layer.linear_method is weight_only.WINT8:
         return weight_only.dequantize_int8(layer.int8_weight, layer.int8_scales)
-    q, sz, group = weight_only.quantize_int4(layer.weight.data)
-    return weight_only.dequantize_int4(q, sz, group)
+    q, _, group = weight_only.quantize_int4(layer.weight.data)
+    return weight_only.dequantize_int4(q, layer.int4_scales_and_zeros, group)  # as held: bf16
 
 
 @pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
@@ -63,11 +63,14 @@ def test_the_method_multiplies_by_its_dequantized_weight(method, rows: int) -> N
 
 
 @pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
-def test_more_rows_multiply_by_the_dense_weight(method) -> None:
+def test_more_rows_multiply_by_the_dequantized_weight(method) -> None:
+    """The same values as the kernels multiply by: a request's tokens must not depend on how
+    many rows its step had."""
     layer = quantized_layer(method)
     x = torch.randn(weight_only.MAX_QUANTIZED_ROWS + 1, 576)
-    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    expected = torch.nn.functional.linear(x, dequantized(layer), layer.bias)
     torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
 
 
 @pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
