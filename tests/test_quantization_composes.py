@@ -11,8 +11,9 @@ verified as drafts) round differently: logprobs move by up to 0.05 here, and a n
 flip. Where the computations differ, the prompts are ones whose greedy choices stand well clear
 of the runner-up; where they are the same (after release and resume, after an update to the
 same weights), the tokens are compared cold, and must be equal whatever the prompt. The
-embedded model's weights lie on the int4 grid, so the CPU's dense weight (many rows) and its
-int4 copy (few rows) agree; a tiny random model, off the grid, shows where they do not (last).
+embedded model's weights lie on the int4 grid, where even a product by the original dense
+weight would agree with int4; a tiny random model, off the grid, checks that many rows and few
+read the same quantized values (last).
 """
 
 from __future__ import annotations

@@ -17,16 +17,13 @@ def machine_description() -> str:
     return text
 
 
-# The processor features that decide which CPU kernels run: oneDNN's bf16 GEMMs use AMX tiles
-# where there are some, else AVX512-BF16 dot products, else convert to float32.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
-
-
 def cpu_features() -> str:
     """Which vector instructions torch's CPU kernels were built to use here, and the bf16 ones."""
     import torch
 
-    flags = set((_cpuinfo_field("flags") or "").split())
+    from aioworker.compute.cpu_bf16 import BF16_FLAGS, cpu_flags
+
+    flags = cpu_flags()
     bf16 = [flag for flag in BF16_FLAGS if flag in flags]
     return (
         f"CPU kernels {torch.backends.cpu.get_cpu_capability()}, "

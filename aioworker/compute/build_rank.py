@@ -21,6 +21,7 @@ from aioworker.checkpoint.tokenizer import Tokenizer
 from aioworker.compute.cpu_threads import num_threads_for_rank
 from aioworker.compute.draft_builder import build_draft
 from aioworker.compute.executor_thread import ExecutorThread
+from aioworker.compute.cpu_bf16 import computes_bf16_natively
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
@@ -60,8 +61,8 @@ def pick_device(kind: str, index: int = 0) -> torch.device:
 def pick_dtype(name: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
     if name != "auto":
         return _DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # bf16 matmuls are slow on most CPUs
+    if device.type == "cpu":  # bf16 where the processor computes it (cpu_bf16.py says why)
+        return torch.bfloat16 if computes_bf16_natively() else torch.float32
     return _DTYPES.get(cfg.dtype, torch.bfloat16) if cfg.dtype != "float32" else torch.bfloat16
 
 
