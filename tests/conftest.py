@@ -9,8 +9,15 @@ import pytest
 from aioworker.checkpoint.source import resolve_model_path
 from aioworker.config import load_config
 
-# Enough KV cache for every test prompt, small enough to allocate fast.
-EMBEDDED_OVERRIDES = {"cache.num_blocks": 512, "model.max_model_len": 2048}
+# Enough KV cache for every test prompt, small enough to allocate fast. float32: the suite
+# checks invariances exactly (a request alone or in a batch, cached or computed, TP=2 or 1,
+# drafts verified or tokens decoded one by one) that bfloat16's rounding keeps only up to near
+# ties, and "auto" picks bfloat16 on processors that compute it (these machines do).
+EMBEDDED_OVERRIDES = {
+    "cache.num_blocks": 512,
+    "model.max_model_len": 2048,
+    "model.dtype": "float32",
+}
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,12 @@ FAST_BEATS = {"runtime.heartbeat_interval_s": 0.2}
 
 def deployment(**overrides) -> tuple[WorkerConfig, list[str]]:
     """A config with a unique runtime.name, and the --set arguments that give it to a process."""
-    settings = {"runtime.name": f"t{uuid.uuid4().hex[:8]}", **FAST_BEATS, **overrides}
+    settings = {
+        "runtime.name": f"t{uuid.uuid4().hex[:8]}",
+        **FAST_BEATS,
+        "model.dtype": "float32",  # as the in-process engines (conftest.EMBEDDED_OVERRIDES say why)
+        **overrides,
+    }
     args = [item for key, value in settings.items() for item in ("--set", f"{key}={_toml(value)}")]
     return load_config(overrides=settings), args
 

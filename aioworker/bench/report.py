@@ -21,9 +21,9 @@ def cpu_features() -> str:
     """Which vector instructions torch's CPU kernels were built to use here, and the bf16 ones."""
     import torch
 
-    from aioworker.compute.cpu_bf16 import BF16_FLAGS, cpu_flags
+    from aioworker.compute.cpu_bf16 import BF16_FLAGS
 
-    flags = cpu_flags()
+    flags = set((_cpuinfo_field("flags") or "").split())
     bf16 = [flag for flag in BF16_FLAGS if flag in flags]
     return (
         f"CPU kernels {torch.backends.cpu.get_cpu_capability()}, "

@@ -18,10 +18,10 @@ import torch
 from aioworker.checkpoint.model_config import ModelConfig, load_model_config
 from aioworker.checkpoint.source import resolve_model_path
 from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.compute.cpu_bf16 import computes_bf16_natively
 from aioworker.compute.cpu_threads import num_threads_for_rank
 from aioworker.compute.draft_builder import build_draft
 from aioworker.compute.executor_thread import ExecutorThread
-from aioworker.compute.cpu_bf16 import computes_bf16_natively
 from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
