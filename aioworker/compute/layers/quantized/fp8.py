@@ -16,6 +16,10 @@ from aioworker.compute.layers.quantized.on_load import Pieces, QuantizedOnLoad, 
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
+# Hopper's fp8 tensor cores accumulate in reduced precision unless told not to; measured in
+# docs/benchmarks.md (W8): prefill 1.59x bf16 with it, 1.48x without; vLLM's Hopper fp8 GEMMs
+# accumulate so too.
+FAST_ACCUMULATION = True
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +55,7 @@ def scaled_product(
         scale_a=x_scale[:, None],
         scale_b=weight_scale[None, :],
         out_dtype=torch.bfloat16,
+        use_fast_accum=FAST_ACCUMULATION,
     )
     return finish(y, x, bias)
 
