@@ -104,3 +104,19 @@ def test_fp8_stays_within_bounds(embedded_model_dir, reference, monkeypatch) -> 
         build_rank, "linear_methods", lambda cfg, config, device: LinearMethods(ON_LOAD["fp8"])
     )
     check_bounds(embedded_model_dir, reference, "fp8")
+
+
+def test_the_lm_head_is_quantized_only_when_asked(embedded_model_dir) -> None:
+    engine = make_engine(
+        embedded_model_dir, **{"model.quantization": "wint4", "model.quantize_lm_head": True}
+    )
+    try:
+        model = engine.executor.runner.model
+        assert model.lm_head.linear_method is weight_only.WINT4
+        assert model.lm_head.int4_weight is not None  # its quantized copy, used at batch 1
+        assert model.model.embed_tokens.weight is model.lm_head.weight  # lookups stay dense
+        greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        [completion] = engine.generate([[1, 2, 3, 4]], greedy)
+        assert len(completion.token_ids) == 8
+    finally:
+        engine.close()
