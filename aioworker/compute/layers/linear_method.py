@@ -44,19 +44,23 @@ class LinearMethod(Protocol):
         ...
 
 
-class Unquantized:
-    """The dense weight in the model's dtype, multiplied by torch (cuBLAS on the GPU)."""
-
-    name = "none"
-
-    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
-        layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+class NothingDerived:
+    """For methods that multiply by what was loaded, as loaded: nothing to derive or drop."""
 
     def process_after_loading(self, layer: nn.Module) -> None:
         pass
 
     def drop_derived(self, layer: nn.Module) -> None:
         pass
+
+
+class Unquantized(NothingDerived):
+    """The dense weight in the model's dtype, multiplied by torch (cuBLAS on the GPU)."""
+
+    name = "none"
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

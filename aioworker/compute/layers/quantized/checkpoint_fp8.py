@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aioworker.compute.layers.linear_method import NothingDerived
 from aioworker.compute.layers.param_loading import ParamLoading
 from aioworker.compute.layers.quantized.fp8 import (
     E4M3,
@@ -39,7 +40,7 @@ def _rows_of(scale: torch.Tensor, rows: int) -> torch.Tensor:
     return scale.reshape(-1)
 
 
-class Fp8Checkpoint:
+class Fp8Checkpoint(NothingDerived):
     ignored_suffixes = (".input_scale",)
 
     def __init__(self, strategy: str) -> None:
@@ -53,12 +54,6 @@ class Fp8Checkpoint:
             torch.empty(out_features, dtype=torch.float32), requires_grad=False
         )
         layer.weight_scale.loading = ParamLoading(in_block=0, expand=_rows_of)  # fmt: skip
-
-    def process_after_loading(self, layer: nn.Module) -> None:
-        pass
-
-    def drop_derived(self, layer: nn.Module) -> None:
-        pass
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

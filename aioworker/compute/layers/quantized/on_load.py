@@ -15,13 +15,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from aioworker.compute.layers.linear_method import NothingDerived
 from aioworker.compute.layers.param_loading import ParamLoading, loading_of
 
 # name -> (empty tensor, its piece of the quantized dense rows)
 Pieces = dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]
 
 
-class QuantizedOnLoad:
+class QuantizedOnLoad(NothingDerived):
     name: str
 
     def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
@@ -50,12 +51,6 @@ class QuantizedOnLoad:
         for name in layer.quantized_names:
             param = getattr(layer, name)
             loading_of(param).store(param.data, dense)
-
-    def process_after_loading(self, layer: nn.Module) -> None:
-        pass
-
-    def drop_derived(self, layer: nn.Module) -> None:
-        pass
 
     def weight_bytes(self, layer: nn.Module) -> int:
         return sum(
