@@ -28,7 +28,13 @@ SHOWN_TOKENS = 12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recording", metavar="FILE", help="a file written with runtime.record_path")
+    parser.add_argument(
+        "recording",
+        metavar="FILE",
+        help="a file written with runtime.record_path; give the recorded worker's model and "
+        "settings (--dtype among them: 'auto' may pick another dtype on another processor), or "
+        "tokens may differ for rounding alone",
+    )
     parser.add_argument("--show", type=int, default=5, metavar="N", help="list up to N mismatches")
     add_config_arguments(parser)
 

@@ -228,6 +228,7 @@ def replay(recording, model_dir, max_model_len: int = 256) -> subprocess.Complet
     command = [sys.executable, "-m", "aioworker.cli.main", "replay", str(recording)]
     command += ["--model", str(model_dir), "--max-model-len", str(max_model_len)]
     command += ["--set", f"cache.num_blocks={REPLAY_CACHE['cache.num_blocks']}"]
+    command += ["--dtype", "float32"]  # as recorded (tests.workers.deployment pins it)
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
