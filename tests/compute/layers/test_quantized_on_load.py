@@ -181,3 +181,16 @@ def test_a_staged_update_is_quantized_and_committed_in_place(method) -> None:
         assert module.proj.int4_tiled is derived  # refreshed in place: graphs stay valid
     assert torch.equal(module.proj(x), fresh.proj(x))
     assert not torch.equal(module.proj(x), before)
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_each_dense_slice_is_quantized_once_for_all_its_parameters(method, monkeypatch) -> None:
+    calls = []
+    original = type(method).quantize
+    monkeypatch.setattr(
+        type(method), "quantize", lambda self, dense: calls.append(1) or original(self, dense)
+    )
+    module = merged_layer(method)
+    load_parts(module, dense_parts())
+    assert len(calls) == 2  # one per part, whatever the number of parameters
+    assert module.proj._quantized_slice is None  # nothing held after the last sibling

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from aioworker.compute.layers.quantized.on_load import Pieces, QuantizedOnLoad, finish, kernel_rows
+from aioworker.compute.layers.quantized.on_load import QuantizedOnLoad, finish, kernel_rows
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
@@ -63,11 +63,15 @@ def scaled_product(
 class Fp8OnLoad(QuantizedOnLoad):
     name = "fp8"
 
-    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+    def shapes(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
         return {
-            "weight": (torch.empty(out_features, in_features, dtype=E4M3), lambda w: quantize_rows(w.float())[0]),
-            "weight_scale": (torch.empty(out_features, dtype=torch.float32), lambda w: quantize_rows(w.float())[1]),
-        }  # fmt: skip
+            "weight": torch.empty(out_features, in_features, dtype=E4M3),
+            "weight_scale": torch.empty(out_features, dtype=torch.float32),
+        }
+
+    def quantize(self, dense: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scales = quantize_rows(dense.float())
+        return {"weight": q, "weight_scale": scales}
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

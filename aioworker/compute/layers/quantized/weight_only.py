@@ -20,7 +20,6 @@ from torch import nn
 
 from aioworker.compute.layers import weight_only as cpu
 from aioworker.compute.layers.quantized.on_load import (
-    Pieces,
     QuantizedOnLoad,
     finish,
     kernel_rows,
@@ -34,11 +33,15 @@ MAX_KERNEL_ROWS = 16
 class Int8OnLoad(QuantizedOnLoad):
     name = "wint8"
 
-    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+    def shapes(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
         return {
-            "weight": (torch.empty(out_features, in_features, dtype=torch.int8), lambda w: cpu.quantize_int8(w)[0]),
-            "weight_scale": (torch.empty(out_features, dtype=KERNEL_DTYPE), lambda w: cpu.quantize_int8(w)[1]),
-        }  # fmt: skip
+            "weight": torch.empty(out_features, in_features, dtype=torch.int8),
+            "weight_scale": torch.empty(out_features, dtype=KERNEL_DTYPE),
+        }
+
+    def quantize(self, dense: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scales = cpu.quantize_int8(dense)
+        return {"weight": q, "weight_scale": scales.to(KERNEL_DTYPE)}
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -131,13 +134,17 @@ class Int4Kernels:
 class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
     name = "wint4"
 
-    def pieces(self, out_features: int, in_features: int, dense_dtype: torch.dtype) -> Pieces:
+    def shapes(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
         groups = in_features // cpu.int4_group(in_features)
         return {
-            "weight": (torch.empty(out_features, in_features // 2, dtype=torch.uint8), lambda w: quantize_int4_rows(w)[0]),
-            "weight_scale": (torch.empty(out_features, groups, dtype=KERNEL_DTYPE), lambda w: quantize_int4_rows(w)[1]),
-            "weight_offset": (torch.empty(out_features, groups, dtype=KERNEL_DTYPE), lambda w: quantize_int4_rows(w)[2]),
-        }  # fmt: skip
+            "weight": torch.empty(out_features, in_features // 2, dtype=torch.uint8),
+            "weight_scale": torch.empty(out_features, groups, dtype=KERNEL_DTYPE),
+            "weight_offset": torch.empty(out_features, groups, dtype=KERNEL_DTYPE),
+        }
+
+    def quantize(self, dense: torch.Tensor) -> dict[str, torch.Tensor]:
+        packed, scales, offsets = quantize_int4_rows(dense)
+        return {"weight": packed, "weight_scale": scales, "weight_offset": offsets}
 
     def process_after_loading(self, layer: nn.Module) -> None:
         values = unpack_nibbles(layer.weight.data)
