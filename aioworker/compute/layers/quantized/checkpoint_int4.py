@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from aioworker.compute.layers.param_loading import ParamLoading
-from aioworker.compute.layers.quantized.weight_only import Int4Kernels
+from aioworker.compute.layers.quantized.weight_only import Int4Kernels, dequantize_int4_values
 
 PACK = 8  # int4 values per int32
 
@@ -67,11 +67,8 @@ class Int4Checkpoint(Int4Kernels):
         return scales, -zeros * scales
 
     def dequantized(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-        values = unpack_int32(layer.weight_packed, 1).to(dtype)
-        scales, offsets = self._scales_and_offsets(layer)
-        grouped = values.reshape(values.shape[0], -1, self.group)
-        w = (grouped - 8) * scales.to(dtype)[..., None] + offsets.to(dtype)[..., None]
-        return w.reshape(values.shape)
+        values = unpack_int32(layer.weight_packed, 1)
+        return dequantize_int4_values(values, *self._scales_and_offsets(layer), dtype)
 
     def weight_bytes(self, layer: nn.Module) -> int:
         return sum(

@@ -70,17 +70,27 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed >> 4, packed & 0xF], dim=-1).reshape(packed.shape[0], -1)
 
 
+def dequantize_int4_values(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Values [N, K] in 0..15, scales and offsets [N, K / G] -> w = (q - 8) s + o."""
+    q = values.to(dtype)
+    group = q.shape[1] // scales.shape[1]
+    grouped = q.reshape(q.shape[0], -1, group)
+    w = (grouped - 8) * scales.to(dtype)[..., None] + offsets.to(dtype)[..., None]
+    return w.reshape(q.shape)
+
+
 def dequantize_int4_rows(
     packed: torch.Tensor,
     scales: torch.Tensor,
     offsets: torch.Tensor,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    q = unpack_nibbles(packed).to(dtype)
-    group = q.shape[1] // scales.shape[1]
-    grouped = q.reshape(q.shape[0], -1, group)
-    w = (grouped - 8) * scales.to(dtype)[..., None] + offsets.to(dtype)[..., None]
-    return w.reshape(q.shape)
+    return dequantize_int4_values(unpack_nibbles(packed), scales, offsets, dtype)
 
 
 def _inner_k_tiles(in_features: int) -> int:
