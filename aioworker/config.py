@@ -140,6 +140,20 @@ class SpeculativeOptions(_Section):
             )
 
 
+class GuidedOptions(_Section):
+    # Guided decoding (SamplingParams.guided): threads that compile grammars off the event loop,
+    # the bytes of compiled grammars kept for reuse (least recently used go first), and the
+    # threads that fill a step's masks once it has more than 128 guided rows.
+    compile_threads: int = 2
+    cache_bytes: int = 256 << 20
+    fill_threads: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("compile_threads", "cache_bytes", "fill_threads"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"guided.{name} is {getattr(self, name)}; it must be at least 1")
+
+
 class ParallelOptions(_Section):
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -295,6 +309,7 @@ class WorkerConfig(_Section):
     cache: CacheOptions = CacheOptions()
     scheduler: SchedulerOptions = SchedulerOptions()
     speculative: SpeculativeOptions = SpeculativeOptions()
+    guided: GuidedOptions = GuidedOptions()
     device: DeviceOptions = DeviceOptions()
     parallel: ParallelOptions = ParallelOptions()
     runtime: RuntimeOptions = RuntimeOptions()

@@ -128,11 +128,22 @@ def build_rank(
         max_model_len=max_model_len,
         load_seconds=time.monotonic() - started,
         tokenizer=_tokenizer_of(model_dir),
+        grammars=_grammars_of(config, cfg, model_dir) if tp.rank == 0 else None,
         quantization=summary.quantization,
         weight_bytes_held=summary.bytes_held,
         weight_bytes_read=summary.bytes_read,
     )
     return executor, loaded
+
+
+def _grammars_of(config: WorkerConfig, cfg, model_dir: Path):
+    """The driver's grammar compiler, where the model has a tokenizer (guided decoding)."""
+    tokenizer_file = Path(model_dir) / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return None
+    from aioworker.compute.grammar.xgrammar_backend import XgrammarBackend
+
+    return XgrammarBackend(tokenizer_file, cfg.vocab_size, cfg.eos_token_ids, config.guided)
 
 
 def _tokenizer_of(model_dir: Path) -> Tokenizer | None:

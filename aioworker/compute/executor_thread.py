@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aioworker.core.grammar import StepMasks
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
@@ -69,6 +70,10 @@ class ExecutorThread:
         self._jobs.put((None, plan, future))
         return future
 
+    def provide_masks(self, masks: StepMasks) -> None:
+        """A submitted step's grammar masks (from the driver's mask filler thread)."""
+        self.runner.masks.put(masks)
+
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run any function on the executor thread (loading, profiling, weight updates)."""
         future: Future = Future()
@@ -83,6 +88,8 @@ class ExecutorThread:
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""
         self._jobs.put(_STOP)
+        if self.runner is not None:
+            self.runner.masks.close()  # a step waiting for masks that will not come
         self._thread.join(timeout)
         self._completer.join(timeout)
         return not (self._thread.is_alive() or self._completer.is_alive())

@@ -26,6 +26,8 @@ from aioworker.config import SchedulerOptions, SpeculativeOptions
 from aioworker.core.admission import QueueFull, RequestValidator
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.executor import Executor
+from aioworker.core.grammar import MaskFiller, has_guided_rows
+from aioworker.core.guided_requests import GuidedRequests
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
@@ -49,6 +51,8 @@ class InFlightStep:
     plan: StepPlan
     future: Future[StepResult]
     submitted_at: float  # time.monotonic()
+    # It samples for a guided sequence: the executor waits for its masks (core/grammar.py).
+    owes_masks: bool = False
 
 
 class EngineCore:
@@ -80,6 +84,10 @@ class EngineCore:
             ),
         )
         self.in_flight: collections.deque[InFlightStep] = collections.deque()
+        self.guided = GuidedRequests(loaded.grammars, loaded.eos_token_ids)
+        self.mask_filler = (
+            MaskFiller(loaded.grammars, executor.provide_masks) if loaded.grammars else None
+        )
         # Stamped on every output: which weights produced it.
         self.weights_version = 0
         self.last_step_id = -1  # of the newest completed step
@@ -94,7 +102,7 @@ class EngineCore:
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; raises InvalidRequestError naming the bad field and its limit, or
         QueueFull."""
-        if request_id in self.scheduler.seqs_by_request:
+        if request_id in self.scheduler.seqs_by_request or request_id in self.guided:
             raise InvalidRequestError(f"request_id {request_id!r} is already in use")
         self.validator.check(prompt_token_ids, params)
         self.stop_ends.check(params.stop)
@@ -104,7 +112,8 @@ class EngineCore:
                 f"(scheduler.max_waiting); retry later or on another group"
             )
         samples = [self._sample(request_id, prompt_token_ids, params, i) for i in range(params.n)]
-        self.scheduler.add(samples[0], samples[1:])
+        if params.guided is None or self.guided.start(samples):
+            self.scheduler.add(samples[0], samples[1:])
         for index in range(params.n):
             self.stop_ends.add(request_id, index, params.stop)
 
@@ -126,6 +135,8 @@ class EngineCore:
         """End a request now and free its KV blocks; False if it is unknown or already ended.
         Tokens of steps still in flight for it are dropped when they arrive."""
         self.stop_ends.discard(request_id)
+        if self.guided.drop(request_id):
+            return True
         samples = list(self.scheduler.seqs_by_request.get(request_id, ()))
         for seq in samples:
             self.scheduler.abort(seq.seq_id)
@@ -161,7 +172,11 @@ class EngineCore:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self.guided)
+
+    def take_refused(self) -> list[RequestOutput]:
+        """Terminal outputs of requests whose grammar failed to compile since the last call."""
+        return self.guided.take_refused(self.terminal_output)
 
     @property
     def block_manager(self) -> BlockManager:
@@ -177,6 +192,9 @@ class EngineCore:
     def launch(self, before_submit: Callable[[StepPlan], None] | None = None) -> None:
         """Schedule and submit steps until MAX_IN_FLIGHT are in flight or nothing can run.
         `before_submit` sees each plan first (the driver publishes it to its peers)."""
+        if self.guided:
+            for seq in self.guided.take_compiled():
+                self.scheduler.add(seq[0], seq[1:])
         while len(self.in_flight) < MAX_IN_FLIGHT:
             if self.in_flight and self._must_wait_for_result():
                 return
@@ -187,8 +205,13 @@ class EngineCore:
                 self._observe_host_gap()
             if before_submit is not None:
                 before_submit(plan)
+            owes_masks = self.mask_filler is not None and has_guided_rows(
+                plan, self.scheduler.seqs.get
+            )
             future = self.executor.submit(plan)
-            self.in_flight.append(InFlightStep(plan, future, time.monotonic()))
+            self.in_flight.append(InFlightStep(plan, future, time.monotonic(), owes_masks))
+            if owes_masks and len(self.in_flight) == 1:
+                self.mask_filler.start(plan, self.scheduler.seqs.get)
 
     def complete(self, result: StepResult) -> list[RequestOutput]:
         """The oldest step's result: tokens appended, finished requests ended; its outputs."""
@@ -197,6 +220,9 @@ class EngineCore:
         if self.scheduler.speculator is not None:
             self._time_step(step)
         outputs = self.scheduler.update(step.plan, result, self.weights_version)
+        if self.in_flight and self.in_flight[0].owes_masks:
+            # The next step's earlier tokens are all known now: its masks can be filled.
+            self.mask_filler.start(self.in_flight[0].plan, self.scheduler.seqs.get)
         self._busy_after_completion = self.scheduler.has_work
         if self.stop_ends:
             outputs = self.stop_ends.apply(outputs, self.scheduler.stop_request)
@@ -227,9 +253,12 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Blocking: launch what can run, wait for the oldest step and return its outputs."""
         self.launch()
+        refused = self.take_refused()
         if not self.in_flight:
-            return []
-        return self.complete(self.in_flight[0].future.result())
+            if not refused and self.guided:
+                self.guided.wait_for_one()  # only compiling requests are left
+            return refused
+        return refused + self.complete(self.in_flight[0].future.result())
 
 
 def _speculator(

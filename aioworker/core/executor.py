@@ -7,6 +7,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol
 
+from aioworker.core.grammar import StepMasks
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
@@ -14,6 +15,10 @@ from aioworker.core.weights_phase import WeightsPhase
 class Executor(Protocol):
     def submit(self, plan: StepPlan) -> Future[StepResult]:
         """Queue a step behind the ones already submitted; the future gives its sampled tokens."""
+        ...
+
+    def provide_masks(self, masks: StepMasks) -> None:
+        """A submitted step's grammar masks (any thread): its sampling waits for them."""
         ...
 
     def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from aioworker.config import WorkerConfig
+from aioworker.core.grammar import StepMasks
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
@@ -55,6 +56,7 @@ class FakeExecutor:
         self.phase_seconds = phase_seconds
         self.weights_released = False
         self.phases_run: list[str] = []
+        self.masks_provided: list[int] = []
         self._pending: queue.SimpleQueue | None = None
         if step_seconds > 0 or phase_seconds > 0:
             self._pending = queue.SimpleQueue()
@@ -62,6 +64,10 @@ class FakeExecutor:
 
     def submit(self, plan: StepPlan) -> Future[StepResult]:
         return self._enqueue(lambda future: self._settle(plan, future), self.step_seconds)
+
+    def provide_masks(self, masks: StepMasks) -> None:
+        """Fake tokens follow no grammar: the masks are only counted."""
+        self.masks_provided.append(masks.step_id)
 
     def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
         return self._enqueue(lambda future: self._run_phase(phase, future), self.phase_seconds)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aioworker.core.detokenizer import Decodes
+from aioworker.core.grammar import GrammarBackend
 
 
 @dataclass(frozen=True)
@@ -28,3 +29,5 @@ class LoadedRank:
     quantization: str = ""
     weight_bytes_held: int = 0
     weight_bytes_read: int = 0
+    # Compiles guided requests' grammars against the tokenizer (on the driver), else None.
+    grammars: GrammarBackend | None = None

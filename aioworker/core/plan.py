@@ -68,6 +68,8 @@ class SamplingSettings(msgspec.Struct, array_like=True, frozen=True, forbid_unkn
     prompt_logprobs: int = -1
     # None for a sequence that uses no logit control: one byte in its plan, no work per step.
     controls: LogitControls | None = None
+    # Its rows follow a grammar: the driver's sampling waits for their masks (core/grammar.py).
+    guided: bool = False
 
 
 class NewSeq(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):

@@ -143,6 +143,7 @@ def new_seq(seq: Sequence) -> NewSeq:
         logprobs=-1 if params.logprobs is None else params.logprobs,
         prompt_logprobs=params.prompt_logprobs if scores_prompt else -1,
         controls=controls,
+        guided=seq.grammar is not None,
     )
     if controls is not None and controls.needs_history:
         token_ids = list(seq.token_ids)  # a copy: the offline executor reads it on its thread

@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 import msgspec
 
+from aioworker.core.guided import GuidedParams
+from aioworker.core.request_errors import InvalidRequestError
+
 # The smallest temperature that is sampled as asked; below it, greedy (see is_greedy).
 GREEDY_BELOW = 1e-5
 # The most alternatives a request may ask logprobs for, per token (OpenAI's top_logprobs bound).
@@ -28,10 +31,6 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ALLOWED_TOKEN_IDS = 65536
 MAX_BAD_WORDS = 128
 MAX_BAD_WORD_TOKENS = 16
-
-
-class InvalidRequestError(ValueError):
-    """A request cannot be served as given; the message names the field and the limit."""
 
 
 class SamplingParams(
@@ -75,6 +74,9 @@ class SamplingParams(
     # Token sequences never generated: the last token of each is banned wherever the output
     # ends with the others (a one-token word is banned everywhere).
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # What the output must match (core/guided.py): a JSON schema, a regex, a grammar, a choice.
+    # Steps mask every token that would break it; a grammar that completes ends the output.
+    guided: GuidedParams | None = None
 
     def validate(self) -> None:
         """Check the fields that need no model; token ids are checked against the vocabulary at admission."""
@@ -104,6 +106,8 @@ class SamplingParams(
                 )
         self._validate_stop()
         self._validate_logits_controls()
+        if self.guided is not None:
+            self.guided.validate()
 
     def _validate_logits_controls(self) -> None:
         if not 0.0 < self.repetition_penalty < math.inf:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 
 from aioworker.core.block_manager import BlockManager
-from aioworker.core.outputs import FinishReason, RequestOutput
+from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.plan_builder import PlanBuilder, new_seq
 from aioworker.core.sequence import SeqStatus, Sequence
@@ -179,6 +179,8 @@ class Scheduler:
             elif drafts:
                 seq.next_drafts = drafts
             out = RequestOutput(seq.request_id, [token_id], reason, None, step_id, weights_version)
+            if reason is FinishReason.ERROR:
+                _refused_by_grammar(out, token_id)
             if seq.sample_index:
                 out.sample_index = seq.sample_index
             if entry is not None or seq.prompt_logprobs is not None:
@@ -256,6 +258,8 @@ class Scheduler:
         elif self.block_manager.trim(seq, len(seq.token_ids)):
             self._trimmed[seq.seq_id] = len(seq.block_table)
         out = RequestOutput(seq.request_id, tokens, reason, None, step_id, 0)
+        if reason is FinishReason.ERROR:
+            _refused_by_grammar(out, tokens[-1])
         out.num_draft_tokens, out.num_accepted_tokens = num_drafts, num_accepted
         if seq.sample_index:
             out.sample_index = seq.sample_index
@@ -293,6 +297,8 @@ class Scheduler:
             room = budget - 1 - (len(self.running) - index) if max_drafts else 0
             if room > 0 and self.speculator.may_speculate(seq):
                 drafts = self.speculator.drafts(seq, min(max_drafts, room))
+                if drafts and seq.grammar is not None:
+                    drafts = seq.grammar.valid_prefix(drafts)
                 num_asked += 1
                 num_given += bool(drafts)
                 if drafts and self._schedule_drafts(seq, drafts, builder):
@@ -420,12 +426,23 @@ class Scheduler:
             del self.seqs_by_request[seq.request_id]
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        grammar = seq.grammar
+        if grammar is not None:
+            if not grammar.accept(token_id):
+                return FinishReason.ERROR
+            if grammar.is_complete:
+                return FinishReason.STOP
         num_outputs = len(seq.token_ids) - seq.num_prompt_tokens
         if token_id in seq.stop_token_ids and num_outputs > seq.params.min_tokens:
             return FinishReason.STOP
         if num_outputs >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+def _refused_by_grammar(out: RequestOutput, token_id: int) -> None:
+    out.error = f"token {token_id} does not follow the request's guided grammar"
+    out.error_kind = ErrorKind.INTERNAL
 
 
 def _with_logprobs(out: RequestOutput, seq: Sequence, entry) -> RequestOutput:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from aioworker.core.outputs import FinishReason, TokenLogprobs
 from aioworker.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from aioworker.core.grammar import SequenceGrammar
 
 
 class SeqStatus(enum.Enum):
@@ -40,6 +44,7 @@ class Sequence:
         "next_drafts",
         "num_proposed_tokens",
         "num_accepted_tokens",
+        "grammar",
     )
 
     def __init__(
@@ -89,6 +94,8 @@ class Sequence:
         self.next_drafts: list[int] = []
         self.num_proposed_tokens = 0
         self.num_accepted_tokens = 0
+        # Guided decoding: the matcher of the request's grammar (core/grammar.py), else None.
+        self.grammar: SequenceGrammar | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

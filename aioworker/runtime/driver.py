@@ -110,6 +110,9 @@ class Driver:
             )
         requests = OpenRequests(self.core, self.results, rank.group, self.metrics)
         self.control = GroupControl(rank.lifecycle, self.core, requests)
+        # A grammar compiled on its pool's thread: its request may run now.
+        loop, wake = asyncio.get_running_loop(), self.control.wake
+        self.core.guided.on_ready = lambda: loop.call_soon_threadsafe(wake)
         requests.on_all_ended = self.control.finish_drain_if_done
         self.requests = requests
         self.weights = WeightsCoordinator(self.control, requests, self.peers)
@@ -210,6 +213,8 @@ class Driver:
             started, started_cpu = time.perf_counter(), time.thread_time()
             if control.can_step():
                 core.launch(publish)
+                if core.guided:
+                    requests.deliver(core.take_refused())  # grammars that failed to compile
             launched, launched_cpu = time.perf_counter(), time.thread_time()
             if not in_flight:
                 control.progress.set()

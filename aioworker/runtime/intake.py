@@ -12,6 +12,7 @@ import zmq.asyncio
 
 from aioworker.config import RuntimeOptions
 from aioworker.core.admission import QueueFull
+from aioworker.core.guided import MAX_CHOICES, MAX_GUIDED_TEXT
 from aioworker.core.outputs import ErrorKind, FinishReason
 from aioworker.core.sampling_params import (
     MAX_ALLOWED_TOKEN_IDS,
@@ -50,10 +51,18 @@ YIELD_EVERY = 32
 
 
 # The most the sampling parameters of a valid request take in msgpack: every bounded list full,
-# 9 bytes per number, stop strings at 4 bytes per character.
-MAX_PARAMS_BYTES = 9 * (
-    MAX_ALLOWED_TOKEN_IDS + 2 * MAX_LOGIT_BIAS_ENTRIES + MAX_BAD_WORDS * (MAX_BAD_WORD_TOKENS + 1)
-) + MAX_STOP_STRINGS * (4 * MAX_STOP_STRING_LENGTH + 5)
+# 9 bytes per number, stop strings and the guided text at 4 bytes per character.
+MAX_PARAMS_BYTES = (
+    9
+    * (
+        MAX_ALLOWED_TOKEN_IDS
+        + 2 * MAX_LOGIT_BIAS_ENTRIES
+        + MAX_BAD_WORDS * (MAX_BAD_WORD_TOKENS + 1)
+    )
+    + MAX_STOP_STRINGS * (4 * MAX_STOP_STRING_LENGTH + 5)
+    + 4 * MAX_GUIDED_TEXT
+    + 5 * MAX_CHOICES
+)
 
 
 def max_task_frame_bytes(max_model_len: int) -> int:

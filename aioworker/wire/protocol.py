@@ -26,7 +26,8 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 # ragged (StepResult.num_sampled), and speculation figures travel in heartbeats. 7: drafts
 # made on the executor (StepPlan.num_next_drafts asks, StepResult.next_drafts answers).
 # 8: each rank's quantization and weight bytes (held, read per step) in heartbeats and PeerReady.
-PROTOCOL_VERSION = 8
+# 9: guided decoding (SamplingParams.guided; SamplingSettings.guided in plans).
+PROTOCOL_VERSION = 9
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.

@@ -1,7 +1,8 @@
 """The logits stage of the step pipeline: the sampled rows' logits in float32, with every mask
-that must apply before any draw. Today that is one: a sequence's stop tokens while it has fewer
-than min_tokens outputs. Grammar masks and speculative verification come in here too, so the
-sampler only ever sees logits that are final.
+that must apply before any draw: a sequence's stop tokens while it has fewer than min_tokens
+outputs, and the grammar masks of guided rows (core/grammar.py). The sampler, the verifier and
+the logprobs only ever see logits that are final, so a guided row's logprobs are those of the
+masked distribution.
 """
 
 from __future__ import annotations
@@ -10,17 +11,38 @@ import torch
 
 from aioworker.compute.sampling.sampler import SampleRow
 from aioworker.compute.small_copies import to_device
+from aioworker.core.grammar import StepMasks
 
 
-def logits_stage(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+def logits_stage(
+    logits: torch.Tensor, rows: list[SampleRow], masks: StepMasks | None = None
+) -> torch.Tensor:
     """logits [S, V] of the sampled rows -> float32 logits ready for the sampler."""
     logits = logits.float()
+    if masks is not None and masks.rows:
+        apply_grammar_masks(logits, masks)
     mask_stop_tokens(logits, rows)
     return logits
 
 
+def apply_grammar_masks(logits: torch.Tensor, masks: StepMasks) -> None:
+    """In place: -inf on every token a guided row's grammar does not allow next."""
+    device, vocab_size = logits.device, logits.shape[1]
+    rows = to_device(device, masks.rows)
+    words = to_device(device, masks.bitmask)  # [R, W] int32, bit t of word w: token 32w + t
+    shifts = torch.arange(32, device=device, dtype=torch.int32)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(len(masks.rows), -1)[:, :vocab_size]
+    logits[rows] = logits[rows].masked_fill(allowed == 0, float("-inf"))
+
+
 def mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    """In place: -inf on a row's stop tokens until it has min_tokens outputs."""
+    """In place: -inf on a row's stop tokens until it has min_tokens outputs; a guided row
+    keeps them where its grammar allows nothing else (the grammar has ended)."""
     for i, row in enumerate(rows):
         if row.num_output_tokens < row.sampling.min_tokens and row.sampling.stop_token_ids:
-            logits[i, to_device(logits.device, row.sampling.stop_token_ids)] = float("-inf")
+            stops = to_device(logits.device, row.sampling.stop_token_ids)
+            if not row.sampling.guided:
+                logits[i, stops] = float("-inf")
+                continue
+            masked = logits[i].index_fill(0, stops, float("-inf"))
+            logits[i] = torch.where(torch.isinf(masked).all(), logits[i], masked)

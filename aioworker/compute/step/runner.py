@@ -31,6 +31,8 @@ from aioworker.compute.sampling.verify import DraftRows, verify
 from aioworker.compute.small_copies import to_device
 from aioworker.compute.step.drafting import NextDrafts, propose_next_drafts
 from aioworker.compute.step.logits import logits_stage
+from aioworker.compute.step.mask_mailbox import MaskMailbox
+from aioworker.core.grammar import StepMasks
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
 
 # A weights update names a separate draft's tensors with this prefix (weight_models).
@@ -153,8 +155,9 @@ class ModelRunner:
         self.seqs: dict[int, _SeqState] = {}
         # Sequences that asked for prompt logprobs: steps without any skip looking for them.
         self.scoring_prompts: set[int] = set()
-        # Only the driver samples, so only it keeps the controls' state.
+        # Only the driver samples, so only it keeps the controls' state and takes grammar masks.
         self.controls = SamplingControls(device, model.lm_head.vocab_size)
+        self.masks = MaskMailbox()
 
     def kv_layers(self) -> list:
         """Every attention layer with a KV cache: the target's, then a separate draft's."""
@@ -202,7 +205,8 @@ class ModelRunner:
             logits = out.logits
             if logits is None:
                 logits = self.model.compute_logits(out.hidden[step.sample_idx])
-            sampled = self.sample(plan, step, logits_stage(logits, step.sample_rows), extra)
+            masks = self.take_masks(plan, step)
+            sampled = self.sample(plan, step, logits_stage(logits, step.sample_rows, masks), extra)
             if plan.drafts_next:
                 sampled.next_drafts = self.draft_next(plan, step, sampled)
         if not self.tp.is_driver:
@@ -228,6 +232,13 @@ class ModelRunner:
         sampled = self.share_samples(sampled, step)
         self.record(plan, step, sampled)
         return sampled
+
+    def take_masks(self, plan: StepPlan, step: PreparedStep) -> StepMasks | None:
+        """The driver waits here for the grammar masks of a step with a guided row; they are
+        filled while this step's forward runs (on a GPU, queued before the wait)."""
+        if not self.tp.is_driver or not any(row.sampling.guided for row in step.sample_rows):
+            return None
+        return self.masks.take(plan.step_id)
 
     # -- what a runner overrides --------------------------------------------------------------
 

@@ -1,0 +1,160 @@
+"""The grammar backend (core/grammar.py's GrammarBackend) on xgrammar: what a request asks for,
+compiled against the model's tokenizer on a small thread pool, kept by content hash within a
+byte budget, and matchers whose masks fill numpy bitmasks on the driver's mask thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import xgrammar as xgr
+
+from aioworker.config import GuidedOptions
+from aioworker.core.guided import GuidedParams
+from aioworker.core.request_errors import InvalidRequestError
+
+# Above this many rows a step's masks are filled on several threads (one thread is faster below).
+PARALLEL_FILL_ROWS = 128
+# xgrammar's messages start with a time and its source file: "[06:57:34] /x/y.cc:94: ".
+_XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+# What a failed compile is charged in the cache (its message), so repeats fail at once.
+_FAILURE_BYTES = 1024
+
+
+class XgrammarBackend:
+    def __init__(
+        self,
+        tokenizer_file: Path,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        options: GuidedOptions = GuidedOptions(),
+    ) -> None:
+        """`vocab_size`: the model's (its LM head's rows), which may exceed the tokenizer's.
+        The tokenizer's vocabulary is read on the first compile (a second or two), so ranks that
+        never guide never pay for it."""
+        self.tokenizer_file = tokenizer_file
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.options = options
+        self.num_mask_words = -(-vocab_size // 32)
+        self.cache_bytes = options.cache_bytes
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(options.compile_threads, "aioworker-grammar")
+        self._batch = xgr.BatchGrammarMatcher(min(options.fill_threads, os.cpu_count() or 1))
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[Future, int]] = OrderedDict()  # key -> (future, bytes)
+        self._cached_bytes = 0
+        self.num_compiled = self.num_cache_hits = 0
+
+    # -- compiling ----------------------------------------------------------------------------
+
+    def compile(self, guided: GuidedParams) -> Future:
+        key = guided.key
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+                self.num_cache_hits += 1
+                return entry[0]
+            future = self._pool.submit(self._compile, guided)
+            self._cache[key] = (future, 0)
+        future.add_done_callback(lambda done: self._charge(key, done))
+        return future
+
+    def _compile(self, guided: GuidedParams) -> xgr.CompiledGrammar:
+        try:
+            compiled = self._compile_kind(guided)
+        except Exception as exc:
+            reason = _XGRAMMAR_PREFIX.sub("", str(exc)).strip()
+            raise InvalidRequestError(f"guided.{guided.kind} does not compile: {reason}") from None
+        self.num_compiled += 1
+        return compiled
+
+    def _compile_kind(self, guided: GuidedParams) -> xgr.CompiledGrammar:
+        compiler, whitespace = self.compiler, not guided.compact_json
+        if guided.json_schema is not None:
+            return compiler.compile_json_schema(guided.text, any_whitespace=whitespace)
+        if guided.json_object:
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=whitespace)
+        if guided.regex is not None:
+            return compiler.compile_regex(guided.regex)
+        if guided.grammar is not None:
+            return compiler.compile_grammar(guided.grammar)
+        return compiler.compile_grammar(choice_grammar(guided.choice))
+
+    @property
+    def compiler(self) -> xgr.GrammarCompiler:
+        """Made on first use, on a compile thread. The cache is ours (by content hash, in-flight
+        compiles shared), not xgrammar's."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                info = tokenizer_info(self.tokenizer_file, self.vocab_size, self.eos_token_ids)
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=self.options.compile_threads, cache_enabled=False
+                )
+            return self._compiler
+
+    def _charge(self, key: str, future: Future) -> None:
+        """Count a finished compile's bytes; drop the least recently used past the budget."""
+        size = _FAILURE_BYTES if future.exception() else future.result().memory_size_bytes
+        with self._lock:
+            if key not in self._cache:
+                return
+            self._cache[key] = (future, size)
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+                oldest, (old_future, old_size) = next(iter(self._cache.items()))
+                if not old_future.done():
+                    break
+                del self._cache[oldest]
+                self._cached_bytes -= old_size
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    # -- matching -----------------------------------------------------------------------------
+
+    def matcher(
+        self, compiled: xgr.CompiledGrammar, stop_token_ids: list[int]
+    ) -> xgr.GrammarMatcher:
+        # Rolling back drafts needs history: at most speculative decoding's drafts (8), doubled.
+        return xgr.GrammarMatcher(
+            compiled, override_stop_tokens=stop_token_ids, max_rollback_tokens=16
+        )
+
+    def fill_many(self, matchers: list[xgr.GrammarMatcher], bitmask: np.ndarray) -> None:
+        if len(matchers) > PARALLEL_FILL_ROWS:
+            self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
+            return
+        for row, matcher in enumerate(matchers):
+            matcher.fill_next_token_bitmask(bitmask, row)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """An EBNF grammar that matches exactly one of `choices`."""
+    literals = " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+    return f"root ::= {literals}"
+
+
+def tokenizer_info(
+    tokenizer_file: Path, vocab_size: int, eos_token_ids: tuple[int, ...]
+) -> xgr.TokenizerInfo:
+    """xgrammar's view of the tokenizer: every token's bytes, and how the vocabulary encodes
+    them (byte-level or SentencePiece), read from tokenizer.json."""
+    from transformers import PreTrainedTokenizerFast  # xgrammar's own dependency; slow import
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file))
+    return xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_token_ids) or None
+    )
