@@ -33,11 +33,12 @@ class XgrammarBackend:
         tokenizer_file: Path,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
-        options: GuidedOptions = GuidedOptions(),
+        options: GuidedOptions | None = None,
     ) -> None:
         """`vocab_size`: the model's (its LM head's rows), which may exceed the tokenizer's.
         The tokenizer's vocabulary is read on the first compile (a second or two), so ranks that
         never guide never pay for it."""
+        options = options or GuidedOptions()
         self.tokenizer_file = tokenizer_file
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
