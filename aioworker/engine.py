@@ -161,6 +161,7 @@ class LLMEngine:
         """Stop the executor and let the model and KV cache go, even while this object lives
         on (a test framework keeps its fixtures' values to the end of the session)."""
         stopped = self.executor.shutdown()
+        self.core.close()
         uninstall = getattr(self.executor, "uninstall", None)
         if stopped and uninstall is not None:
             uninstall()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from aioworker.cli.generate_guided import add_guided_arguments, guided_params
 from aioworker.config import WorkerConfig
 from aioworker.core.sampling_params import SamplingParams, bad_words_token_ids
 
@@ -28,6 +29,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     add("--stop", action="append", default=[], metavar="TEXT",
         help="end the output where TEXT appears, without it (repeatable)")  # fmt: skip
     _add_control_arguments(sampling)
+    add_guided_arguments(parser)
 
 
 def _add_control_arguments(sampling: argparse._ArgumentGroup) -> None:
@@ -72,6 +74,7 @@ def sampling_params(args: argparse.Namespace, config: WorkerConfig) -> SamplingP
         logit_bias=_logit_bias(args.logit_bias),
         allowed_token_ids=_allowed_token_ids(args.allowed_token_ids),
         bad_words_token_ids=_bad_words(args.bad_words, config),
+        guided=guided_params(args),
     )
     params.validate()  # before the model loads, so a typo fails fast
     return params

@@ -228,6 +228,12 @@ class EngineCore:
             outputs = self.stop_ends.apply(outputs, self.scheduler.stop_request)
         return outputs
 
+    def close(self) -> None:
+        """Stop the grammar threads (after the executor: a step may wait for its masks)."""
+        if self.mask_filler is not None:
+            self.mask_filler.shutdown()
+            self.guided.backend.close()
+
     def _must_wait_for_result(self) -> bool:
         """Whether the next plan must wait for the newest step's tokens: it verifies drafts
         (what follows is not known yet) or has the executor draft (the drafts come with its

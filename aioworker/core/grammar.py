@@ -63,6 +63,10 @@ class GrammarBackend(Protocol):
         """Row i of `bitmask` takes matcher i's mask (on several threads where it pays)."""
         ...
 
+    def close(self) -> None:
+        """Stop compiling and let the backend's threads go."""
+        ...
+
 
 class SequenceGrammar:
     """A sequence's matcher and what the scheduler asks of it."""
@@ -169,7 +173,7 @@ class MaskFiller:
         self.provide(StepMasks(step_id, rows, bitmask))
 
     def shutdown(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._thread.shutdown(wait=True)
 
 
 def guided_rows(

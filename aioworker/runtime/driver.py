@@ -154,6 +154,8 @@ class Driver:
             self.results.close()
         if self.recorder is not None:
             self.recorder.close()
+        if self.core is not None:
+            self.core.close()  # grammar threads
 
     def serving_info(self) -> ServingInfo:
         if self.core is None:

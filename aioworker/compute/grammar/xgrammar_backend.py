@@ -19,6 +19,9 @@ from aioworker.config import GuidedOptions
 from aioworker.core.guided import GuidedParams
 from aioworker.core.request_errors import InvalidRequestError
 
+# The longest run of whitespace JSON may have between tokens: enough to indent nested objects,
+# and short enough that a model that drifts into spaces at a high temperature comes back.
+MAX_WHITESPACE = 16
 # Above this many rows a step's masks are filled on several threads (one thread is faster below).
 PARALLEL_FILL_ROWS = 128
 # xgrammar's messages start with a time and its source file: "[06:57:34] /x/y.cc:94: ".
@@ -48,7 +51,7 @@ class XgrammarBackend:
         self._compiler: xgr.GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(options.compile_threads, "aioworker-grammar")
-        self._batch = xgr.BatchGrammarMatcher(min(options.fill_threads, os.cpu_count() or 1))
+        self._batch: xgr.BatchGrammarMatcher | None = None  # made for the first large step
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[Future, int]] = OrderedDict()  # key -> (future, bytes)
         self._cached_bytes = 0
@@ -79,11 +82,17 @@ class XgrammarBackend:
         return compiled
 
     def _compile_kind(self, guided: GuidedParams) -> xgr.CompiledGrammar:
-        compiler, whitespace = self.compiler, not guided.compact_json
+        compiler = self.compiler
+        # Compact: no whitespace between tokens at all; else any, as JSON allows.
+        json_style = (
+            {"any_whitespace": False, "separators": (",", ":")}
+            if guided.compact_json
+            else {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
+        )
         if guided.json_schema is not None:
-            return compiler.compile_json_schema(guided.text, any_whitespace=whitespace)
+            return compiler.compile_json_schema(guided.text, **json_style)
         if guided.json_object:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=whitespace)
+            return compiler.compile_json_schema('{"type": "object"}', **json_style)
         if guided.regex is not None:
             return compiler.compile_regex(guided.regex)
         if guided.grammar is not None:
@@ -126,20 +135,22 @@ class XgrammarBackend:
     def matcher(
         self, compiled: xgr.CompiledGrammar, stop_token_ids: list[int]
     ) -> xgr.GrammarMatcher:
-        # Rolling back drafts needs history: at most speculative decoding's drafts (8), doubled.
-        return xgr.GrammarMatcher(
-            compiled, override_stop_tokens=stop_token_ids, max_rollback_tokens=16
-        )
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
 
     def fill_many(self, matchers: list[xgr.GrammarMatcher], bitmask: np.ndarray) -> None:
         if len(matchers) > PARALLEL_FILL_ROWS:
+            if self._batch is None:
+                threads = min(self.options.fill_threads, os.cpu_count() or 1)
+                self._batch = xgr.BatchGrammarMatcher(threads)
             self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
             return
         for row, matcher in enumerate(matchers):
             matcher.fill_next_token_bitmask(bitmask, row)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop compiling; xgrammar's own threads go with the objects that hold them."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._batch = self._compiler = None
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
