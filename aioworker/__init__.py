@@ -16,6 +16,7 @@ _EXPORTS = {
     "load_config": "aioworker.config",
     "LLMEngine": "aioworker.engine",
     "SamplingParams": "aioworker.core.sampling_params",
+    "GuidedParams": "aioworker.core.guided",
     "InvalidRequestError": "aioworker.core.sampling_params",
     "RequestOutput": "aioworker.core.outputs",
     "Completion": "aioworker.core.outputs",

@@ -108,8 +108,9 @@ class SequenceGrammar:
         for j, token in enumerate(drafts, start=1):
             if accepted == j - 1 and matcher.accept_token(token):
                 accepted += 1
+            if accepted == j and not matcher.is_terminated():
                 matcher.fill_next_token_bitmask(bitmask, first + j)
-            else:  # never kept: its row is not used
+            else:  # after a refused draft, or a stop token: never sampled from
                 bitmask[first + j] = bitmask[first + j - 1]
         if accepted:
             matcher.rollback(accepted)

@@ -39,6 +39,8 @@ class FixedMatcher:
         return len(self.accepted) > len(self.target)
 
     def fill_next_token_bitmask(self, bitmask: np.ndarray, index: int) -> bool:
+        if self.is_terminated():
+            raise RuntimeError("the grammar has ended: it has no next token")  # as xgrammar
         bitmask[index] = 0
         position = len(self.accepted)
         allowed = [self.target[position]] if position < len(self.target) else self.stop_token_ids

@@ -188,3 +188,11 @@ def test_a_rank_without_a_tokenizer_refuses_guided_requests_by_name() -> None:
         assert "tokenizer" in str(exc)
     else:
         raise AssertionError("admitted without a grammar backend")
+
+
+def test_rows_after_a_drafted_stop_token_are_never_filled_from_an_ended_grammar() -> None:
+    grammar = SequenceGrammar(FixedMatcher([7], [STOP]))
+    bitmask = np.zeros((3, 1), np.int32)
+    grammar.fill_with_drafts(bitmask, 0, [7, STOP])  # FixedMatcher refuses a fill once ended
+    assert [lowest_allowed(row) for row in bitmask] == [7, STOP, STOP]
+    assert grammar.matcher.accepted == []

@@ -4,6 +4,7 @@ aborts, and bad frames on every socket."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
@@ -11,6 +12,7 @@ import msgspec
 import pytest
 import zmq
 
+from aioworker.core.guided import GuidedParams
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from aioworker.wire.protocol import (
@@ -23,6 +25,7 @@ from aioworker.wire.protocol import (
 from aioworker.wire.transport import group_endpoints
 from tests.compute.test_parallel import listening_addresses
 from tests.conftest import EMBEDDED_OVERRIDES, make_engine
+from tests.guided_schemas import PERSON, PROMPTS
 from tests.logprob_checks import assert_logprobs_close
 from tests.test_quantization_composes import QUESTIONS
 from tests.workers import admin, deployment, running
@@ -82,14 +85,18 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
     # SmolLM2 has 9 query / 3 KV heads: two ranks take 2 and 1 KV heads with their queries.
     prompts = [
         embedded_engine.encode(q, chat=True)
-        for q in ("What is the capital of France?", "Count to five.")
+        for q in ("What is the capital of France?", "Count to five.", PROMPTS[0], PROMPTS[1])
     ]
     # Logprobs too: the driver samples from logits gathered across both ranks' vocab shards.
     scored = SamplingParams(
         temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5, prompt_logprobs=5
     )
-    params = [scored, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)]
+    # Guided: only the driver masks and samples; a bad schema fails its request alone.
+    guided = SamplingParams(temperature=0.0, max_tokens=96, guided=GuidedParams(json_schema=PERSON))
+    bad = msgspec.structs.replace(guided, guided=GuidedParams(json_schema={"type": "wat"}))
+    params = [scored, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), guided, bad]
     expected = embedded_engine.generate(prompts, params)
+    assert expected[3].finish_reason == "error" and json.loads(expected[2].text)
     # Then three samples of a prompt already computed: the driver's cache, followed by the peer.
     samples = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, n=3)
     expected_samples = [c.token_ids for c in embedded_engine.generate(prompts[1:], samples)]
@@ -111,6 +118,8 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
         status = admin(config, "status").data
         rendezvous = listening_addresses(dist_port)
     assert [c.token_ids for c in completions] == [c.token_ids for c in expected]
+    assert completions[3].finish_reason == "error" and completions[3].error_kind == "invalid"
+    assert "guided.json_schema does not compile" in completions[3].error
     assert [c.token_ids for c in sampled] == expected_samples
     assert status["prefix_hit_tokens"] > 0
     assert_logprobs_close(completions[0].logprobs, expected[0].logprobs)
