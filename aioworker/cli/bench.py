@@ -19,9 +19,12 @@ WORKLOAD_HELP = (
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
     "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
-    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU)"
+    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); "
+    "guided: a 10-field JSON schema against the same requests unguided, per-step time and "
+    "compile times (batch 8 on the CPU; 1 and 64 on a GPU, where --set model.path gives a "
+    "directory with config.json and tokenizer.json, and model.load_format=dummy)"
 )
-ALONE = ("control", "api", "chat", "serve", "spec", "quant")
+ALONE = ("control", "api", "chat", "serve", "spec", "quant", "guided")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
         return run_spec(args)
     if args.workload == ["quant"]:
         return run_quant(args)
+    if args.workload == ["guided"]:
+        return run_guided(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control, api, chat, serve, spec or quant on its own")
+        return fail("run --workload control, api, chat, serve, spec, quant or guided on its own")
     return run_offline(args)
 
 
@@ -258,6 +263,28 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def run_guided(args: argparse.Namespace) -> int:
+    from aioworker.bench import guided
+    from aioworker.bench.report import append_to_doc
+    from aioworker.engine import LLMEngine
+
+    try:
+        engine = LLMEngine.from_config(config_from_args(args))
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    with engine:
+        if engine.loaded.grammars is None:
+            return fail(f"{engine.loaded.model_dir} has no tokenizer.json: nothing to guide with")
+        on_gpu = engine.loaded.device.startswith("cuda")
+        results, compile_ms = guided.run(engine, (1, 64) if on_gpu else (8,))
+        where = f"{engine.loaded.model_dir.name}, {engine.loaded.device}, {engine.loaded.dtype}"
+    table, notes = guided.table(results, compile_ms, where)
+    print(table, notes, sep="\n\n")
+    if args.record:
+        append_to_doc(args.record, "Guided decoding: per-step cost", table, notes)
+    return 0
 
 
 def run_spec_gpu(record: str | None) -> int:
