@@ -61,7 +61,7 @@ class BatchResult:
 
 def run(engine, batch_sizes: tuple[int, ...]) -> tuple[list[BatchResult], dict[str, float]]:
     compile_ms = compile_times(engine)
-    prompt = engine.encode(PROMPT, chat=True)
+    prompt = engine.encode(PROMPT, chat=bool(engine.tokenizer.chat_template))
     results = []
     for batch in batch_sizes:
         result = BatchResult(batch)
