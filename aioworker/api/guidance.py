@@ -5,7 +5,9 @@ and an error about one comes back naming the field as the client wrote it."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from aioworker.api.errors import ApiError, invalid
 from aioworker.api.schemas import (
@@ -68,7 +70,8 @@ def alias_guidance(body: CompletionRequest | ChatRequest) -> list[Guidance]:
     """vLLM's fields, each as the GuidedParams of its kind."""
     found = []
     if body.guided_json is not None:
-        found.append(Guidance(GuidedParams(json_schema=body.guided_json), "guided_json"))
+        schema = schema_object(body.guided_json, "guided_json")
+        found.append(Guidance(GuidedParams(json_schema=schema), "guided_json"))
     if body.guided_regex is not None:
         found.append(Guidance(GuidedParams(regex=body.guided_regex), "guided_regex"))
     if body.guided_choice is not None:
@@ -77,3 +80,19 @@ def alias_guidance(body: CompletionRequest | ChatRequest) -> list[Guidance]:
     if body.guided_grammar is not None:
         found.append(Guidance(GuidedParams(grammar=body.guided_grammar), "guided_grammar"))
     return found
+
+
+def schema_object(schema: dict[str, Any] | str, field: str) -> dict[str, Any]:
+    """A schema given as JSON text, decoded here so that text which is not JSON is a 400 naming
+    the field."""
+    if isinstance(schema, dict):
+        return schema
+    try:
+        decoded = json.loads(schema)
+    except ValueError as exc:
+        raise invalid(f"{field} is not valid JSON ({exc}); give a JSON schema", field) from None
+    if not isinstance(decoded, dict):
+        raise invalid(
+            f"{field} is a JSON {type(decoded).__name__}; give a JSON schema object", field
+        )
+    return decoded

@@ -88,7 +88,8 @@ class JsonSchemaFormat(_Body, tag="json_schema", tag_field="type"):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
-class FunctionSpec(_Body, kw_only=True):
+# omit_defaults: the tool as the template and the tool description see it, without nulls.
+class FunctionSpec(_Body, kw_only=True, omit_defaults=True):
     name: str
     description: str | None = None
     # A JSON schema of the arguments (an object); none: the function takes no arguments.
