@@ -172,6 +172,8 @@ class ChatRequest(_Sampling, kw_only=True):
     top_logprobs: Int | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
+    # False: at most one call per answer.
+    parallel_tool_calls: bool = True
 
 
 def neutral_only(body: CompletionRequest) -> None:

@@ -40,7 +40,8 @@ class Parsed:
 class OutputReader(Protocol):
     """Reads one choice's text: `feed` each delta, then `finish` once at its end."""
 
-    num_calls: int
+    @property
+    def num_calls(self) -> int: ...
 
     def feed(self, text: str) -> Parsed: ...
 

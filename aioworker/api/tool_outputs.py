@@ -53,6 +53,26 @@ class NamedCall(CallCounter):
         return Parsed("", [self._call(self.name, arguments)])
 
 
+class FirstCallOnly:
+    """parallel_tool_calls false under "auto": the model's first call; any after it dropped."""
+
+    def __init__(self, reader: OutputReader) -> None:
+        self.reader = reader
+
+    @property
+    def num_calls(self) -> int:
+        return min(self.reader.num_calls, 1)
+
+    def feed(self, text: str) -> Parsed:
+        return self._first(self.reader.feed(text))
+
+    def finish(self) -> Parsed:
+        return self._first(self.reader.finish())
+
+    def _first(self, parsed: Parsed) -> Parsed:
+        return Parsed(parsed.content, [call for call in parsed.calls if call.index == 0])
+
+
 def reader_factory(
     tools: ChatTools | None, parser: Callable[[], OutputReader]
 ) -> Callable[[], OutputReader] | None:
@@ -61,8 +81,10 @@ def reader_factory(
     if tools is None or tools.mode == "none":
         return None
     if tools.mode == "required":
-        return RequiredCalls
+        return RequiredCalls  # the grammar holds it to one call where not parallel
     if tools.mode == "named":
         name = tools.name or ""
         return lambda: NamedCall(name)
+    if not tools.is_parallel:
+        return lambda: FirstCallOnly(parser())
     return parser

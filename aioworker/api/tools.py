@@ -31,6 +31,8 @@ class ChatTools:
     # The function a named tool_choice calls.
     name: str | None = None
     guidance: Guidance | None = None
+    # parallel_tool_calls: false asks for one call at most.
+    is_parallel: bool = True
 
 
 def chat_tools(body: ChatRequest) -> ChatTools | None:
@@ -44,9 +46,11 @@ def chat_tools(body: ChatRequest) -> ChatTools | None:
     tools = [msgspec.to_builtins(tool) for tool in body.tools]
     if isinstance(choice, NamedToolChoice):
         return named(body.tools, tools, choice.function.name)
+    parallel = body.parallel_tool_calls
     if choice == "required":
-        return ChatTools(tools, "required", None, Guidance(required_guided(body.tools), "tools"))
-    return ChatTools(tools, choice or "auto")
+        guidance = Guidance(required_guided(body.tools, parallel), "tools")
+        return ChatTools(tools, "required", None, guidance, parallel)
+    return ChatTools(tools, choice or "auto", is_parallel=parallel)
 
 
 def check_tools(tools: list[FunctionTool]) -> None:
@@ -86,9 +90,10 @@ def named(specs: list[FunctionTool], tools: list[dict[str, Any]], name: str) -> 
     )
 
 
-def required_guided(tools: list[FunctionTool]) -> GuidedParams:
-    """A list of one or more calls, each the name of a tool and arguments that follow its
-    schema: one alternative per tool, so each name goes with its own arguments."""
+def required_guided(tools: list[FunctionTool], is_parallel: bool = True) -> GuidedParams:
+    """A list of one or more calls (one, where not `is_parallel`), each the name of a tool and
+    arguments that follow its schema: one alternative per tool, so each name goes with its own
+    arguments."""
     calls = [
         {
             "type": "object",
@@ -101,7 +106,9 @@ def required_guided(tools: list[FunctionTool]) -> GuidedParams:
         }
         for tool in tools
     ]
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not is_parallel:
+        schema["maxItems"] = 1
     return GuidedParams(json_schema=schema)
 
 

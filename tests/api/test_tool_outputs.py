@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from aioworker.api.tool_calls import HermesParser
-from aioworker.api.tool_outputs import NamedCall, RequiredCalls, reader_factory
+from aioworker.api.tool_outputs import FirstCallOnly, NamedCall, RequiredCalls, reader_factory
 from aioworker.api.tools import ChatTools
 
 
@@ -52,3 +52,13 @@ def test_each_mode_gets_its_reader() -> None:
     assert reader_factory(ChatTools(tools, "required"), HermesParser) is RequiredCalls
     named = reader_factory(ChatTools(tools, "named", "f"), HermesParser)()
     assert isinstance(named, NamedCall) and named.name == "f"
+
+
+def test_auto_without_parallel_calls_keeps_the_first_call() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    reader = reader_factory(ChatTools(tools, "auto", is_parallel=False), HermesParser)()
+    assert isinstance(reader, FirstCallOnly)
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    parsed = reader.feed(f"Hi. {call}{call}") + reader.finish()
+    assert parsed.content == "Hi." and [c.index for c in parsed.calls] == [0]
+    assert reader.num_calls == 1

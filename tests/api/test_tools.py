@@ -116,3 +116,18 @@ def test_required_constrains_the_output_to_calls_of_the_tools(calls, is_valid: b
     assert guidance.field == "tools"
     validator = jsonschema.Draft202012Validator(guidance.guided.json_schema)
     assert validator.is_valid(calls) == is_valid
+
+
+def test_parallel_tool_calls_false_asks_for_one_call() -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": WEATHER}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    }
+    tools = chat_tools(decode_chat(json.dumps(body).encode()))
+    validator = jsonschema.Draft202012Validator(tools.guidance.guided.json_schema)
+    call = {"name": "get_weather", "parameters": {"city": "Oslo"}}
+    assert validator.is_valid([call]) and not validator.is_valid([call, call])
+    assert not tools.is_parallel
