@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from aioworker.api.errors import invalid
+from aioworker.api.guidance import Guidance
 from aioworker.api.prompts import Prompt
 from aioworker.api.schemas import ChatRequest, CompletionRequest
 from aioworker.api.tokenizing import PromptTokenizer
@@ -27,14 +28,19 @@ COMPLETION_MAX_TOKENS = 16
 _FIELD = re.compile(r"^a (bad word) |^(\w+) ")
 
 
-async def completion_params(body: CompletionRequest, tokens: PromptTokenizer) -> SamplingParams:
+async def completion_params(
+    body: CompletionRequest, tokens: PromptTokenizer, guidance: Guidance | None = None
+) -> SamplingParams:
+    """`guidance`: the constraint on the output the body asks for (guidance.py)."""
     logprobs = body.logprobs
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     prompt_logprobs = logprobs if body.echo and logprobs is not None else None
-    return await _params(body, tokens, max_tokens, logprobs, prompt_logprobs)
+    return await _params(body, tokens, max_tokens, logprobs, prompt_logprobs, guidance)
 
 
-async def chat_params(body: ChatRequest, prompt: Prompt, tokens: PromptTokenizer) -> SamplingParams:
+async def chat_params(
+    body: ChatRequest, prompt: Prompt, tokens: PromptTokenizer, guidance: Guidance | None = None
+) -> SamplingParams:
     top = body.top_logprobs
     if top is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
@@ -54,7 +60,7 @@ async def chat_params(body: ChatRequest, prompt: Prompt, tokens: PromptTokenizer
         max_tokens = left
     logprobs = (top or 0) if body.logprobs else None
     renamed = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens else {}
-    return await _params(body, tokens, max_tokens, logprobs, None, renamed)
+    return await _params(body, tokens, max_tokens, logprobs, None, guidance, renamed)
 
 
 async def _params(
@@ -63,6 +69,7 @@ async def _params(
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None,
+    guidance: Guidance | None = None,
     renamed: dict[str, str] | None = None,
 ) -> SamplingParams:
     """`renamed`: fields of SamplingParams the client set under another name."""
@@ -86,11 +93,13 @@ async def _params(
         logit_bias=logit_bias(body.logit_bias),
         allowed_token_ids=_tuple_or_none(body.allowed_token_ids),
         bad_words_token_ids=await bad_words(body.bad_words, tokens),
+        guided=guidance.guided if guidance is not None else None,
     )
     try:
         params.validate()
     except InvalidRequestError as exc:
-        raise invalid(str(exc), param_of(str(exc), renamed or {})) from None
+        error = invalid(str(exc), param_of(str(exc), renamed or {}))
+        raise guidance.rename(error) if guidance is not None else error from None
     for field, token_ids in params.token_ids_to_check():
         tokens.check_token_ids(token_ids, field)
     return params

@@ -1,11 +1,12 @@
 """The request bodies of the HTTP routes, decoded strictly: a field we do not implement is refused
 by name, never ignored. Fields of OpenAI's that change nothing at their neutral value (best_of
-equal to n, tool_choice "none") are accepted only at that value.
+equal to n) are accepted only at that value.
 
 Beyond OpenAI's fields, as vLLM and SGLang accept them: top_k, min_p, repetition_penalty,
-min_tokens, stop_token_ids, ignore_eos, allowed_token_ids, bad_words, and
-stream_options.continuous_usage_stats. Integers are bounded to 64 bits here, so a number too big
-for the wire is a 400 naming its field."""
+min_tokens, stop_token_ids, ignore_eos, allowed_token_ids, bad_words,
+stream_options.continuous_usage_stats, and the guided_* constraints (guided_json, guided_regex,
+guided_choice, guided_grammar). Integers are bounded to 64 bits here, so a number too big for the
+wire is a 400 naming its field."""
 
 from __future__ import annotations
 
@@ -35,16 +36,82 @@ class TextPart(_Body, kw_only=True):
     text: str
 
 
+class CalledFunction(_Body, kw_only=True):
+    name: str
+    # A JSON object as text, as OpenAI returns it.
+    arguments: str
+
+
+class ToolCall(_Body, kw_only=True):
+    """A call an assistant message made (the conversation so far, sent back)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    # A tool message: the call it answers.
+    tool_call_id: str | None = None
 
     @property
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+
+class JsonSchemaSpec(_Body, kw_only=True):
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    # Outputs always follow the schema here; accepted either way.
+    strict: bool | None = None
+
+
+class TextFormat(_Body, tag="text", tag_field="type"):
+    pass
+
+
+class JsonObjectFormat(_Body, tag="json_object", tag_field="type"):
+    pass
+
+
+class JsonSchemaFormat(_Body, tag="json_schema", tag_field="type"):
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+# omit_defaults: the tool as the template and the tool description see it, without nulls.
+class FunctionSpec(_Body, kw_only=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    # A JSON schema of the arguments (an object); none: the function takes no arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionTool(_Body, kw_only=True):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class FunctionName(_Body, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(_Body, kw_only=True):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class _Sampling(_Body, kw_only=True):
@@ -72,6 +139,12 @@ class _Sampling(_Body, kw_only=True):
     stream_options: StreamOptions | None = None
     # An end-user label (abuse monitoring at OpenAI): accepted, changes nothing.
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's names for a constraint on the output (guidance.py): at most one per request.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -97,25 +170,18 @@ class ChatRequest(_Sampling, kw_only=True):
     max_completion_tokens: Int | None = None
     logprobs: bool = False
     top_logprobs: Int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    # False: at most one call per answer.
+    parallel_tool_calls: bool = True
 
 
-def neutral_only(body: _Sampling) -> None:
+def neutral_only(body: CompletionRequest) -> None:
     """Refuse OpenAI fields we do not implement, unless they hold the value that changes nothing."""
-    if isinstance(body, CompletionRequest):
-        if body.best_of not in (None, body.n):
-            raise invalid(f"best_of {body.best_of} is not supported; leave it unset", "best_of")
-        if body.suffix:
-            raise invalid("suffix is not supported (no insertion); leave it unset", "suffix")
-    if isinstance(body, ChatRequest):
-        if body.tools:
-            raise invalid("tools are not supported yet; leave tools unset", "tools")
-        if body.tool_choice not in (None, "none", "auto"):
-            raise invalid("tool_choice is not supported (no tools here)", "tool_choice")
-        if body.response_format not in (None, {"type": "text"}):
-            raise invalid("response_format: only {'type': 'text'} is supported", "response_format")
+    if body.best_of not in (None, body.n):
+        raise invalid(f"best_of {body.best_of} is not supported; leave it unset", "best_of")
+    if body.suffix:
+        raise invalid("suffix is not supported (no insertion); leave it unset", "suffix")
 
 
 class TokenizeRequest(_Body, kw_only=True):
@@ -142,6 +208,11 @@ _DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 _AT = re.compile(r" - at `\$\.?([^`]*)`")
+# The values a field takes, named when a client sends another.
+_ALLOWED = {
+    "response_format.type": '"text", "json_object" or "json_schema"',
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+}
 
 
 def decode_completion(raw: bytes) -> CompletionRequest:
@@ -151,9 +222,7 @@ def decode_completion(raw: bytes) -> CompletionRequest:
 
 
 def decode_chat(raw: bytes) -> ChatRequest:
-    body = _decode(_CHAT, raw)
-    neutral_only(body)
-    return body
+    return _decode(_CHAT, raw)
 
 
 def decode_tokenize(raw: bytes) -> TokenizeRequest:
@@ -192,4 +261,6 @@ def _validation_error(message: str) -> ApiError:
         field = f"{path}.{missing.group(1)}" if path else missing.group(1)
         return invalid(f"{field} is required", field)
     reason = message[: where.start()] if where else message
+    if path in _ALLOWED:
+        reason += f"; give {_ALLOWED[path]}"
     return invalid(f"{path or 'the request body'}: {reason}", path)

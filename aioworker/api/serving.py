@@ -13,6 +13,7 @@ import msgspec
 from aioworker.api.choices import Choice
 from aioworker.api.errors import ApiError, from_output
 from aioworker.api.gateway import Gateway
+from aioworker.api.guidance import Guidance
 from aioworker.api.prompts import Prompt
 from aioworker.api.shapes import ChatShape, CompletionShape
 from aioworker.core.outputs import FinishReason, RequestOutput
@@ -38,9 +39,12 @@ class Run:
         prompts: list[Prompt],
         params: SamplingParams,
         arrived: float | None = None,
+        guidance: Guidance | None = None,
     ) -> None:
-        """`arrived`: time.perf_counter() when the HTTP request came (default: now)."""
+        """`arrived`: time.perf_counter() when the HTTP request came (default: now).
+        `guidance`: the constraint the client asked for, named in the workers' errors about it."""
         self.gateway = gateway
+        self.guidance = guidance
         self.shape = shape
         self.started = time.perf_counter()
         self.clock = gateway.metrics.engine.clock(arrived or self.started)
@@ -154,8 +158,8 @@ class Run:
             if opening is not None:
                 chunks = event({**header, "choices": [opening], **usage})
         if delta or out.finished or out.logprobs or (is_first and self.shape.chunk_on_first):
-            body = self.shape.chunk_choice(choice, delta, out, is_first)
-            chunks += event({**header, "choices": [body], **usage})
+            for body in self.shape.chunk_choices(choice, delta, out, is_first):
+                chunks += event({**header, "choices": [body], **usage})
         return chunks
 
     # -- shared -------------------------------------------------------------------------------
@@ -166,7 +170,8 @@ class Run:
 
     def _failed(self, out: RequestOutput) -> ApiError:
         self.failure = out.finish_reason
-        return from_output(out, self.gateway.options.retry_after_s)
+        error = from_output(out, self.gateway.options.retry_after_s)
+        return self.guidance.rename(error) if self.guidance is not None else error
 
     async def _outputs(self) -> AsyncIterator[list[tuple[Choice, RequestOutput]]]:
         """Every choice's outputs as they come, until each has ended: each batch holds what had

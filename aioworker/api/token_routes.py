@@ -8,6 +8,7 @@ from typing import Any
 
 from aioworker.api.errors import invalid
 from aioworker.api.gateway import Gateway
+from aioworker.api.prompts import template_messages
 from aioworker.api.schemas import decode_detokenize, decode_tokenize
 
 
@@ -20,7 +21,7 @@ async def tokenize(gateway: Gateway, raw: bytes) -> dict[str, Any]:
         token_ids = await tokens.encode(body.prompt, "prompt", add_special)
     else:
         assert body.messages is not None
-        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        messages = template_messages(body.messages, None, gateway.tokenizer.takes_tools)
         add_special = bool(body.add_special_tokens)  # the template writes them
         token_ids = await tokens.encode_chat(
             messages, "messages", body.add_generation_prompt, add_special

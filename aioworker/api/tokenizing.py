@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aioworker.api.errors import invalid
 from aioworker.checkpoint.tokenizer import Tokenizer, TokenizerError
@@ -48,16 +48,18 @@ class PromptTokenizer:
 
     async def encode_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         param: str = "messages",
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """The messages through the chat template (which writes the special tokens itself, so
-        none are added by default), then tokenized; the length check is on the rendered text."""
+        """The messages (and tools) through the chat template (which writes the special tokens
+        itself, so none are added by default), then tokenized; the length check is on the
+        rendered text."""
         try:
             text = await self._run(
-                self.tokenizer.apply_chat_template, messages, add_generation_prompt
+                self.tokenizer.apply_chat_template, messages, add_generation_prompt, tools
             )
         except TokenizerError as exc:
             raise invalid(chat_template_error(str(exc)), param) from None

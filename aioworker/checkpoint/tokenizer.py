@@ -3,11 +3,13 @@ the offline engine tokenize with this (core.detokenizer turns streamed ids back 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import jinja2.sandbox
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -61,8 +63,12 @@ class Tokenizer:
         return self._tokenizer.token_to_id(token)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        """`tools`: OpenAI's tool objects, for a template that describes them (`takes_tools`)."""
         if not self.chat_template:
             raise TokenizerError(
                 "this model has no chat template (tokenizer_config.json); drop --chat"
@@ -70,11 +76,17 @@ class Tokenizer:
         return _compile(self.chat_template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             bos_token=self._special_text("bos_token"),
             eos_token=self._special_text("eos_token"),
         )
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template reads `tools` (else tools must be described in a message)."""
+        return bool(self.chat_template) and "tools" in _variables(self.chat_template)
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         # The template already writes the special tokens; do not add BOS again.
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
 
@@ -87,10 +99,22 @@ def _raise(message: str) -> None:
     raise TokenizerError(f"chat template error: {message}")
 
 
-def _compile(template: str) -> jinja2.Template:
+def _environment() -> jinja2.Environment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.filters["tojson"] = lambda value, indent=None: json.dumps(
         value, indent=indent, ensure_ascii=False
     )
-    return env.from_string(template)
+    return env
+
+
+# A server renders one template (two with a draft model's); parsing it is most of a render.
+@functools.lru_cache(maxsize=4)
+def _compile(template: str) -> jinja2.Template:
+    return _environment().from_string(template)
+
+
+@functools.lru_cache(maxsize=4)
+def _variables(template: str) -> frozenset[str]:
+    """The names the template reads from its context."""
+    return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(template)))

@@ -1,5 +1,6 @@
 """Request body -> SamplingParams: defaults, n and seeds, logprobs, the sampling controls users
-send (mapped to the right fields), and every refusal naming the field as the client wrote it."""
+send (mapped to the right fields), the constraint on the output, and every refusal naming the
+field as the client wrote it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import json
 import pytest
 
 from aioworker.api.errors import ApiError
+from aioworker.api.guidance import request_guidance
 from aioworker.api.params import COMPLETION_MAX_TOKENS, chat_params, completion_params
 from aioworker.api.prompts import Prompt
 from aioworker.api.schemas import decode_chat, decode_completion
 from aioworker.api.tokenizing import PromptTokenizer
 from aioworker.checkpoint.tokenizer import Tokenizer
+from aioworker.core.guided import GuidedParams
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,33 @@ def test_bad_words_are_tokenized_as_given_and_after_a_space(tokens) -> None:
 def test_out_of_range_values_are_named(tokens, fields, param, message) -> None:
     error = refusal(completion, tokens, **fields)
     assert error.param == param and message in error.message, error.message
+
+
+def guided(tokens, decode, **fields):
+    base = {"model": "m"}
+    if decode is decode_chat:
+        base["messages"] = [{"role": "user", "content": "hi"}]
+        body = decode_chat(json.dumps({**base, **fields}).encode())
+        return asyncio.run(chat_params(body, Prompt([1]), tokens, request_guidance(body)))
+    body = decode_completion(json.dumps({**base, "prompt": "x", **fields}).encode())
+    return asyncio.run(completion_params(body, tokens, request_guidance(body)))
+
+
+@pytest.mark.parametrize("decode", [decode_chat, decode_completion])
+def test_the_constraint_travels_in_sampling_params(tokens, decode) -> None:
+    params = guided(tokens, decode, guided_regex=r"\d+", max_tokens=5)
+    assert params.guided == GuidedParams(regex=r"\d+")
+    assert guided(tokens, decode, max_tokens=5).guided is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"guided_choice": []}, "guided_choice", "guided_choice has 0 entries"),
+        ({"guided_choice": ["x" * 2000]}, "guided_choice", "guided_choice entry"),
+        ({"guided_regex": "a" * 70000}, "guided_regex", "guided_regex has 70000 characters"),
+    ],
+)
+def test_a_bad_constraint_is_named_as_the_client_wrote_it(tokens, fields, param, message) -> None:
+    error = refusal(guided, tokens, decode_chat, **fields)
+    assert error.param == param and error.message.startswith(message), error.message

@@ -40,12 +40,19 @@ def test_completion_fields_we_do_not_serve_are_refused_by_name(body: dict, param
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
-        ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+        ({**CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
+        ({**CHAT, "tools": [{"type": "code", "function": {"name": "f"}}]}, "tools[0].type"),
+        ({**CHAT, "tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+        ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
+        ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({**CHAT, "tool_choice": "sometimes"}, "tool_choice"),
+        ({**CHAT, "tool_choice": {"type": "function"}}, "tool_choice.function"),
+        ({**CHAT, "guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+        ({**CHAT, "guided_choice": "yes"}, "guided_choice"),
         ({**CHAT, "echo": True}, "echo"),
         (
-            {**CHAT, "messages": [{"role": "user", "content": "x", "tool_calls": []}]},
-            "messages[0].tool_calls",
+            {**CHAT, "messages": [{"role": "user", "content": "x", "audio": {}}]},
+            "messages[0].audio",
         ),
         ({**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ],
@@ -54,10 +61,51 @@ def test_chat_fields_we_do_not_serve_are_refused_by_name(body: dict, param: str)
     assert refusal(decode_chat, body).param == param
 
 
+def test_a_value_out_of_a_fixed_set_is_refused_naming_the_values_it_takes() -> None:
+    error = refusal(decode_chat, {**CHAT, "response_format": {"type": "xml"}})
+    assert '"text", "json_object" or "json_schema"' in error.message
+    assert '"required"' in refusal(decode_chat, {**CHAT, "tool_choice": "always"}).message
+
+
 def test_neutral_values_of_unimplemented_fields_are_accepted() -> None:
     assert decode_completion(json.dumps({**COMPLETION, "user": "u1", "best_of": 1}).encode())
     chat = decode_chat(json.dumps({**CHAT, "tool_choice": "none"}).encode())
     assert chat.messages[0].text == "hi"
+
+
+def test_response_format_tools_and_the_guided_fields_decode() -> None:
+    schema = {"type": "object"}
+    form = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    choice = {"type": "function", "function": {"name": "f"}}
+    body = {**CHAT, "response_format": form, "tools": [tool], "tool_choice": choice}
+    chat = decode_chat(json.dumps(body).encode())
+    assert chat.response_format.json_schema.schema == schema
+    assert chat.tools[0].function.name == "f" and chat.tool_choice.function.name == "f"
+    aliases = {
+        "guided_json": "{}",
+        "guided_regex": "a+",
+        "guided_choice": ["x"],
+        "guided_grammar": "g",
+    }
+    completion = decode_completion(json.dumps({**COMPLETION, **aliases}).encode())
+    assert (completion.guided_json, completion.guided_choice) == ("{}", ["x"])
+    plain = decode_completion(
+        json.dumps({**COMPLETION, "response_format": {"type": "text"}}).encode()
+    )
+    assert plain.response_format is not None
+
+
+def test_a_conversation_with_tool_calls_and_results_decodes() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]
+    chat = decode_chat(json.dumps({**CHAT, "messages": messages}).encode())
+    assert chat.messages[1].tool_calls[0].function.name == "f" and chat.messages[1].text == ""
+    assert chat.messages[2].tool_call_id == "call_1"
 
 
 def test_the_sampling_controls_vllm_bench_sends_are_accepted() -> None:
