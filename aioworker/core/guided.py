@@ -54,18 +54,18 @@ class GuidedParams(
             )
         if self.choice is not None:
             self._validate_choice()
+        if isinstance(self.json_schema, str):  # before `text`, which parses it
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise InvalidRequestError(f"guided.json_schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise InvalidRequestError("guided.json_schema must be a JSON object")
         text = self.text
         if len(text) > MAX_GUIDED_TEXT:
             raise InvalidRequestError(
                 f"guided.{given[0]} has {len(text)} characters; at most {MAX_GUIDED_TEXT} are allowed"
             )
-        if self.json_schema is not None and isinstance(self.json_schema, str):
-            try:
-                schema = json.loads(self.json_schema)
-            except ValueError as exc:
-                raise InvalidRequestError(f"guided.json_schema is not valid JSON: {exc}") from None
-            if not isinstance(schema, dict | bool):
-                raise InvalidRequestError("guided.json_schema must be a JSON object")
 
     def _validate_choice(self) -> None:
         if not 0 < len(self.choice) <= MAX_CHOICES:

@@ -3,6 +3,7 @@ temperature too small to divide by samples greedily; bad words given as text."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import msgspec
@@ -93,3 +94,31 @@ def test_bad_words_as_text_are_tokenized_as_written_and_after_a_space() -> None:
     assert same == ((1, 2),)
     with pytest.raises(InvalidRequestError, match="a bad word is empty"):
         bad_words_token_ids(vocabulary.__getitem__, [" "])
+
+
+def test_guided_names_what_is_wrong_with_it() -> None:
+    from aioworker.core.guided import GuidedParams
+
+    cases = {
+        GuidedParams(): "give exactly one of",
+        GuidedParams(regex="a", choice=("x",)): "guided gives regex, choice",
+        GuidedParams(json_schema="{not json"): "guided.json_schema is not valid JSON",
+        GuidedParams(json_schema="[1]"): "must be a JSON object",
+        GuidedParams(choice=()): "guided.choice has 0 entries",
+        GuidedParams(regex="a" * 70000): "at most 65536",
+    }
+    for guided, message in cases.items():
+        with pytest.raises(InvalidRequestError, match=message):
+            SamplingParams(guided=guided).validate()
+
+
+def test_guided_keys_name_what_is_asked_for() -> None:
+    from aioworker.core.guided import GuidedParams
+
+    schema = {"type": "object", "properties": {"b": {}, "a": {}}}
+    assert GuidedParams(json_schema=schema).key == GuidedParams(json_schema=json.dumps(schema)).key
+    reordered = {"type": "object", "properties": {"a": {}, "b": {}}}  # generated in that order
+    assert GuidedParams(json_schema=schema).key != GuidedParams(json_schema=reordered).key
+    assert GuidedParams(regex="a").key != GuidedParams(grammar="a").key
+    compact = GuidedParams(json_object=True, compact_json=True)
+    assert compact.key != GuidedParams(json_object=True).key
