@@ -46,6 +46,7 @@ class LLMEngine:
             None,
             config.cache.enable_prefix_caching,
             config.speculative,
+            config.guided.fill_threads,
         )
         self._request_ids = itertools.count()
         self._texts: dict[tuple[str, int], OutputText] = {}  # by request id and sample index

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -64,8 +65,10 @@ class EngineCore:
         num_blocks: int | None = None,
         enable_prefix_caching: bool = False,
         speculative: SpeculativeOptions | None = None,
+        fill_threads: int = 1,
     ) -> None:
-        """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's)."""
+        """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's).
+        `fill_threads`: threads that fill a large step's grammar masks (guided.fill_threads)."""
         self.executor = executor
         self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         self.eos_token_ids = loaded.eos_token_ids
@@ -85,9 +88,13 @@ class EngineCore:
         )
         self.in_flight: collections.deque[InFlightStep] = collections.deque()
         self.guided = GuidedRequests(loaded.grammars, loaded.eos_token_ids)
-        self.mask_filler = (
-            MaskFiller(loaded.grammars, executor.provide_masks) if loaded.grammars else None
-        )
+        self.mask_filler = None
+        if loaded.grammars is not None:
+            self.mask_filler = MaskFiller(
+                loaded.grammars.num_mask_words,
+                executor.provide_masks,
+                min(fill_threads, os.cpu_count() or 1),
+            )
         # Stamped on every output: which weights produced it.
         self.weights_version = 0
         self.last_step_id = -1  # of the newest completed step

@@ -59,39 +59,42 @@ class GrammarBackend(Protocol):
         """A fresh matcher; the grammar ends with one of `stop_token_ids`."""
         ...
 
-    def fill_many(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
-        """Row i of `bitmask` takes matcher i's mask (on several threads where it pays)."""
-        ...
-
     def close(self) -> None:
         """Stop compiling and let the backend's threads go."""
         ...
 
 
 class SequenceGrammar:
-    """A sequence's matcher and what the scheduler asks of it."""
+    """A sequence's matcher. The scheduler only notes the tokens a sequence keeps (`keep`);
+    the mask thread has the matcher accept them (`catch_up`) just before it fills the
+    sequence's next mask, so that the work of both runs off the event loop, and on several
+    threads for large steps. The grammar's end needs no matcher: a grammar ends with a stop
+    token, which ends the sequence by itself."""
 
-    __slots__ = ("matcher", "is_broken")
+    __slots__ = ("matcher", "kept", "is_broken")
 
     def __init__(self, matcher: GrammarMatcher) -> None:
         self.matcher = matcher
+        self.kept: list[int] = []  # kept, not accepted by the matcher yet
         self.is_broken = False  # a kept token the grammar refused (never, while masks apply)
 
-    def accept(self, token_id: int) -> bool:
-        """Advance past a kept token; False if the grammar refuses it."""
-        if self.is_broken or not self.matcher.accept_token(token_id):
-            self.is_broken = True
-            return False
-        return True
+    def keep(self, token_id: int) -> None:
+        self.kept.append(token_id)
 
-    @property
-    def is_complete(self) -> bool:
-        """The grammar ended (it accepted a stop token): the output is whole."""
-        return self.matcher.is_terminated()
+    def catch_up(self) -> None:
+        """The matcher accepts the kept tokens; one it refuses breaks the grammar for good."""
+        kept, self.kept = self.kept, []
+        for token in kept:
+            if self.is_broken or not self.matcher.accept_token(token):
+                self.is_broken = True
+                return
 
     def valid_prefix(self, drafts: list[int]) -> list[int]:
         """The drafts the grammar allows, up to the first it refuses (drafts from an n-gram or
         a draft model know nothing of the grammar, and a refused one could never be kept)."""
+        self.catch_up()
+        if self.is_broken:
+            return []
         matcher, count = self.matcher, 0
         for token in drafts:
             if matcher.is_terminated() or not matcher.accept_token(token):
@@ -101,8 +104,12 @@ class SequenceGrammar:
             matcher.rollback(count)
         return drafts[:count]
 
-    def fill_with_drafts(self, bitmask: np.ndarray, first: int, drafts: list[int]) -> None:
-        """Rows first .. first + len(drafts): the mask before each draft and after the last."""
+    def fill(self, bitmask: np.ndarray, first: int, drafts: list[int]) -> None:
+        """Rows first .. first + len(drafts): the mask before each draft and after the last
+        (one row where there are no drafts). A broken grammar leaves its rows unconstrained."""
+        self.catch_up()
+        if self.is_broken:
+            return
         matcher, accepted = self.matcher, 0
         matcher.fill_next_token_bitmask(bitmask, first)
         for j, token in enumerate(drafts, start=1):
@@ -118,8 +125,9 @@ class SequenceGrammar:
 
 @dataclass(slots=True)
 class StepMasks:
-    """The masks of one step's guided rows: `rows` index the step's sampled rows (in the order
-    the sampler sees them), `bitmask` [len(rows), words] int32, bit t of a row: token t allowed."""
+    """The masks of one step: `bitmask` [sampled rows, words] int32, in the order the sampler
+    sees its rows; bit t of a row allows token t. `rows`: the guided rows (the others allow
+    every token)."""
 
     step_id: int
     rows: list[int]
@@ -137,35 +145,36 @@ def has_guided_rows(plan: StepPlan, find: Callable[[int], Sequence | None]) -> b
 
 
 class MaskFiller:
-    """Fills a step's masks on its own thread and hands them to `provide`."""
+    """Fills a step's masks on threads of its own and hands them to `provide`: one thread, and
+    up to `num_threads` for steps of more than PARALLEL_ROWS guided sequences (xgrammar's
+    matchers let go of the GIL, so they run side by side)."""
 
-    def __init__(self, backend: GrammarBackend, provide: Callable[[StepMasks], None]) -> None:
-        self.backend = backend
+    def __init__(
+        self, num_mask_words: int, provide: Callable[[StepMasks], None], num_threads: int = 1
+    ) -> None:
+        self.num_mask_words = num_mask_words
         self.provide = provide
+        self.num_threads = max(1, num_threads)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="aioworker-masks")
+        self._helpers = (
+            ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="aioworker-masks")
+            if self.num_threads > 1
+            else None
+        )
 
     def start(self, plan: StepPlan, find: Callable[[int], Sequence | None]) -> Future:
         """Begin filling the masks of `plan`, whose earlier tokens are all known now."""
-        rows, grammars, drafts = guided_rows(plan, find)
-        return self._thread.submit(self._fill, plan.step_id, rows, grammars, drafts)
+        rows, work, num_rows = guided_rows(plan, find)
+        return self._thread.submit(self._fill, plan.step_id, rows, work, num_rows)
 
-    def _fill(
-        self,
-        step_id: int,
-        rows: list[int],
-        grammars: list[SequenceGrammar],
-        drafts: list[list[int]],
-    ) -> None:
-        num_rows = sum(len(d) + 1 for d in drafts)
-        bitmask = np.zeros((num_rows, self.backend.num_mask_words), dtype=np.int32)
+    def _fill(self, step_id: int, rows: list[int], work: list[GuidedRow], num_rows: int) -> None:
+        bitmask = np.full((num_rows, self.num_mask_words), -1, dtype=np.int32)
         try:
-            if not any(drafts):
-                self.backend.fill_many([g.matcher for g in grammars], bitmask)
-            else:
-                first = 0
-                for grammar, seq_drafts in zip(grammars, drafts, strict=True):
-                    grammar.fill_with_drafts(bitmask, first, seq_drafts)
-                    first += len(seq_drafts) + 1
+            chunks = _chunks(work, self.num_threads if len(work) > PARALLEL_ROWS else 1)
+            helped = [self._helpers.submit(_fill_rows, chunk, bitmask) for chunk in chunks[1:]]
+            _fill_rows(chunks[0], bitmask)
+            for done in helped:
+                done.result()
         except Exception:
             # Never leave the step waiting: its rows go unconstrained, and a token the grammar
             # refuses then ends its request with an error.
@@ -175,16 +184,40 @@ class MaskFiller:
 
     def shutdown(self) -> None:
         self._thread.shutdown(wait=True)
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
+
+
+# Above this many guided sequences in a step, their masks are filled on several threads.
+PARALLEL_ROWS = 16
+
+
+@dataclass(slots=True)
+class GuidedRow:
+    """A guided sequence's rows in a step: its first row, its grammar, its drafts."""
+
+    first: int
+    grammar: SequenceGrammar
+    drafts: list[int]
+
+
+def _fill_rows(work: list[GuidedRow], bitmask: np.ndarray) -> None:
+    for row in work:
+        row.grammar.fill(bitmask, row.first, row.drafts)
+
+
+def _chunks(work: list[GuidedRow], count: int) -> list[list[GuidedRow]]:
+    size = -(-len(work) // count) if work else 1
+    return [work[i : i + size] for i in range(0, len(work), size)] or [[]]
 
 
 def guided_rows(
     plan: StepPlan, find: Callable[[int], Sequence | None]
-) -> tuple[list[int], list[SequenceGrammar], list[list[int]]]:
-    """The sampled rows of `plan` that follow a grammar, each sequence's grammar, and its
-    drafts (a sequence with k drafts samples k + 1 consecutive rows)."""
+) -> tuple[list[int], list[GuidedRow], int]:
+    """The sampled rows of `plan` that follow a grammar, each guided sequence's work, and the
+    step's number of sampled rows (a sequence with k drafts samples k + 1 consecutive rows)."""
     rows: list[int] = []
-    grammars: list[SequenceGrammar] = []
-    drafts: list[list[int]] = []
+    work: list[GuidedRow] = []
     row = end = 0
     num_drafts = plan.num_draft_tokens or [0] * len(plan.seq_ids)
     for seq_id, num_tokens, k, do_sample in zip(
@@ -196,7 +229,7 @@ def guided_rows(
         seq = find(seq_id)
         if seq is not None and seq.grammar is not None and not seq.grammar.is_broken:
             rows.extend(range(row, row + k + 1))
-            grammars.append(seq.grammar)
-            drafts.append(plan.input_token_ids[end - k : end] if k else [])
+            drafts = plan.input_token_ids[end - k : end] if k else []
+            work.append(GuidedRow(row, seq.grammar, drafts))
         row += k + 1
-    return rows, grammars, drafts
+    return rows, work, row

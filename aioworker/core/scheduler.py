@@ -428,10 +428,9 @@ class Scheduler:
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         grammar = seq.grammar
         if grammar is not None:
-            if not grammar.accept(token_id):
+            grammar.keep(token_id)  # the mask thread has the matcher accept it
+            if grammar.is_broken:  # found by the mask thread: a token before this one
                 return FinishReason.ERROR
-            if grammar.is_complete:
-                return FinishReason.STOP
         num_outputs = len(seq.token_ids) - seq.num_prompt_tokens
         if token_id in seq.stop_token_ids and num_outputs > seq.params.min_tokens:
             return FinishReason.STOP
@@ -441,7 +440,7 @@ class Scheduler:
 
 
 def _refused_by_grammar(out: RequestOutput, token_id: int) -> None:
-    out.error = f"token {token_id} does not follow the request's guided grammar"
+    out.error = f"a token before {token_id} does not follow the request's guided grammar"
     out.error_kind = ErrorKind.INTERNAL
 
 

@@ -64,7 +64,8 @@ class Sequence:
         self.params = params
         self.status = SeqStatus.WAITING
         self.finish_reason: FinishReason | None = None
-        eos = () if params.ignore_eos else eos_token_ids
+        # A guided output ends where its grammar does, with a stop token: EOS stays one.
+        eos = () if params.ignore_eos and params.guided is None else eos_token_ids
         self.stop_token_ids = frozenset(params.stop_token_ids) | frozenset(eos)
         # Sampled by a step in flight, not yet appended to token_ids (scheduling runs ahead).
         self.num_pending_tokens = 0

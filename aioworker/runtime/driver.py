@@ -102,6 +102,7 @@ class Driver:
             num_blocks,
             self.config.cache.enable_prefix_caching,
             self.config.speculative,
+            self.config.guided.fill_threads,
         )
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group

@@ -58,8 +58,10 @@ def test_device_masks_equal_the_cpu_masks() -> None:
     rng = np.random.default_rng(0)
     vocab = 151936
     logits = torch.randn(8, vocab)
-    bitmask = rng.integers(-(2**31), 2**31, size=(5, -(-vocab // 32)), dtype=np.int64)
-    masks = StepMasks(0, [0, 2, 3, 6, 7], bitmask.astype(np.int32))
+    bitmask = rng.integers(-(2**31), 2**31, size=(8, -(-vocab // 32)), dtype=np.int64)
+    bitmask = bitmask.astype(np.int32)
+    bitmask[[1, 4, 5]] = -1  # unguided rows allow every token
+    masks = StepMasks(0, [0, 2, 3, 6, 7], bitmask)
     on_cpu, on_gpu = logits.clone(), logits.cuda()
     apply_grammar_masks(on_cpu, masks)
     apply_grammar_masks(on_gpu, masks)

@@ -85,10 +85,6 @@ class FakeGrammars:
     def close(self) -> None:
         pass
 
-    def fill_many(self, matchers: list[FixedMatcher], bitmask: np.ndarray) -> None:
-        for row, matcher in enumerate(matchers):
-            matcher.fill_next_token_bitmask(bitmask, row)
-
 
 def lowest_allowed(row: np.ndarray) -> int:
     bits = np.unpackbits(row.view(np.uint8), bitorder="little")
@@ -130,6 +126,7 @@ class MaskingExecutor(FakeExecutor):
             )
             if do
         ]
-        for row, bits in zip(masks.rows, masks.bitmask, strict=True):
-            tokens[row] = lowest_allowed(bits)
+        assert masks.bitmask.shape[0] == len(tokens)  # a row per sampled row
+        for row in masks.rows:
+            tokens[row] = lowest_allowed(masks.bitmask[row])
         future.set_result(StepResult(plan.step_id, tokens))

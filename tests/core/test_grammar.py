@@ -10,7 +10,7 @@ import numpy as np
 from aioworker.config import load_config
 from aioworker.core.engine_core import EngineCore
 from aioworker.core.fake_executor import fake_loaded_rank, fake_token
-from aioworker.core.grammar import SequenceGrammar, guided_rows
+from aioworker.core.grammar import PARALLEL_ROWS, MaskFiller, SequenceGrammar, guided_rows
 from aioworker.core.guided import GuidedParams
 from aioworker.core.outputs import ErrorKind, FinishReason
 from aioworker.core.plan import StepPlan
@@ -47,9 +47,19 @@ def run(core: EngineCore) -> dict:
     return by_request
 
 
+def test_kept_tokens_reach_the_matcher_when_it_is_next_needed() -> None:
+    grammar = SequenceGrammar(FixedMatcher(TARGET, [STOP]))
+    grammar.keep(7)
+    grammar.keep(8)
+    assert grammar.matcher.accepted == []  # the scheduler's side costs nothing
+    bitmask = np.zeros((1, 1), np.int32)
+    grammar.fill(bitmask, 0, [])
+    assert grammar.matcher.accepted == [7, 8] and lowest_allowed(bitmask[0]) == 9
+
+
 def test_a_draft_prefix_stops_at_the_first_refused_draft_and_leaves_the_matcher() -> None:
     grammar = SequenceGrammar(FixedMatcher(TARGET, [STOP]))
-    assert grammar.accept(7)
+    grammar.keep(7)
     assert grammar.valid_prefix([8, 9, 99, 10]) == [8, 9]
     assert grammar.matcher.accepted == [7]
     assert grammar.valid_prefix([5]) == []
@@ -58,15 +68,20 @@ def test_a_draft_prefix_stops_at_the_first_refused_draft_and_leaves_the_matcher(
 def test_draft_rows_hold_the_mask_before_each_draft_and_after_the_last() -> None:
     grammar = SequenceGrammar(FixedMatcher(TARGET, [STOP]))
     bitmask = np.zeros((4, 1), np.int32)
-    grammar.fill_with_drafts(bitmask, 0, [7, 8, 42])
+    grammar.fill(bitmask, 0, [7, 8, 42])
     assert [lowest_allowed(row) for row in bitmask] == [7, 8, 9, 9]  # 42 refused: a copy
     assert grammar.matcher.accepted == []
 
 
-def test_a_refused_token_breaks_the_grammar_for_good() -> None:
+def test_a_refused_token_breaks_the_grammar_for_good_and_frees_its_rows() -> None:
     grammar = SequenceGrammar(FixedMatcher(TARGET, [STOP]))
-    assert not grammar.accept(8)
-    assert grammar.is_broken and not grammar.accept(7)
+    grammar.keep(8)
+    bitmask = np.full((1, 1), -1, np.int32)
+    grammar.fill(bitmask, 0, [])
+    assert grammar.is_broken and bitmask[0, 0] == -1  # unconstrained, not a dead row
+    grammar.keep(7)
+    grammar.catch_up()
+    assert grammar.is_broken and grammar.matcher.accepted == []
 
 
 def test_guided_rows_count_a_drafted_sequence_as_one_row_per_draft_and_one_more() -> None:
@@ -83,10 +98,33 @@ def test_guided_rows_count_a_drafted_sequence_as_one_row_per_draft_and_one_more(
         input_token_ids=[1, 7, 8, 1, 5, 1],
         num_draft_tokens=[2, 1, 0],
     )
-    rows, grammars, drafts = guided_rows(plan, seqs.get)
-    assert rows == [0, 1, 2, 5]  # seq 0: rows 0-2; seq 1: rows 3-4; seq 2: row 5
-    assert drafts == [[7, 8], []]
-    assert grammars == [seqs[0].grammar, seqs[2].grammar]
+    rows, work, num_rows = guided_rows(plan, seqs.get)
+    assert rows == [0, 1, 2, 5] and num_rows == 6  # seq 0: rows 0-2; seq 1: 3-4; seq 2: 5
+    assert [(w.first, w.drafts) for w in work] == [(0, [7, 8]), (5, [])]
+    assert [w.grammar for w in work] == [seqs[0].grammar, seqs[2].grammar]
+
+
+def test_many_guided_rows_are_filled_on_several_threads_alike() -> None:
+    provided = []
+    filler = MaskFiller(2, provided.append, num_threads=3)  # 64 tokens
+    seqs = {}
+    for i in range(PARALLEL_ROWS * 2):
+        seq = Sequence(i, f"r{i}", [1], SamplingParams())
+        seq.grammar = SequenceGrammar(FixedMatcher([i + 1], [STOP]))
+        seqs[i] = seq
+    plan = StepPlan(
+        step_id=3,
+        seq_ids=list(seqs),
+        num_scheduled_tokens=[1] * len(seqs),
+        start_positions=[1] * len(seqs),
+        new_block_ids=[[]] * len(seqs),
+        sample=[True] * len(seqs),
+        input_token_ids=[1] * len(seqs),
+    )
+    filler.start(plan, seqs.get).result()
+    filler.shutdown()
+    [masks] = provided
+    assert [lowest_allowed(row) for row in masks.bitmask] == [i + 1 for i in range(len(seqs))]
 
 
 def test_a_guided_request_follows_its_grammar_and_ends_with_it_while_others_run_ahead() -> None:
@@ -193,6 +231,6 @@ def test_a_rank_without_a_tokenizer_refuses_guided_requests_by_name() -> None:
 def test_rows_after_a_drafted_stop_token_are_never_filled_from_an_ended_grammar() -> None:
     grammar = SequenceGrammar(FixedMatcher([7], [STOP]))
     bitmask = np.zeros((3, 1), np.int32)
-    grammar.fill_with_drafts(bitmask, 0, [7, STOP])  # FixedMatcher refuses a fill once ended
+    grammar.fill(bitmask, 0, [7, STOP])  # FixedMatcher refuses a fill once ended
     assert [lowest_allowed(row) for row in bitmask] == [7, STOP, STOP]
     assert grammar.matcher.accepted == []

@@ -5,14 +5,12 @@ byte budget, and matchers whose masks fill numpy bitmasks on the driver's mask t
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import xgrammar as xgr
 
 from aioworker.config import GuidedOptions
@@ -22,8 +20,6 @@ from aioworker.core.request_errors import InvalidRequestError
 # The longest run of whitespace JSON may have between tokens: enough to indent nested objects,
 # and short enough that a model that drifts into spaces at a high temperature comes back.
 MAX_WHITESPACE = 16
-# Above this many rows a step's masks are filled on several threads (one thread is faster below).
-PARALLEL_FILL_ROWS = 128
 # xgrammar's messages start with a time and its source file: "[06:57:34] /x/y.cc:94: ".
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 # What a failed compile is charged in the cache (its message), so repeats fail at once.
@@ -51,7 +47,6 @@ class XgrammarBackend:
         self._compiler: xgr.GrammarCompiler | None = None
         self._compiler_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(options.compile_threads, "aioworker-grammar")
-        self._batch: xgr.BatchGrammarMatcher | None = None  # made for the first large step
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, tuple[Future, int]] = OrderedDict()  # key -> (future, bytes)
         self._cached_bytes = 0
@@ -137,20 +132,10 @@ class XgrammarBackend:
     ) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(compiled, override_stop_tokens=stop_token_ids)
 
-    def fill_many(self, matchers: list[xgr.GrammarMatcher], bitmask: np.ndarray) -> None:
-        if len(matchers) > PARALLEL_FILL_ROWS:
-            if self._batch is None:
-                threads = min(self.options.fill_threads, os.cpu_count() or 1)
-                self._batch = xgr.BatchGrammarMatcher(threads)
-            self._batch.batch_fill_next_token_bitmask(matchers, bitmask)
-            return
-        for row, matcher in enumerate(matchers):
-            matcher.fill_next_token_bitmask(bitmask, row)
-
     def close(self) -> None:
         """Stop compiling; xgrammar's own threads go with the objects that hold them."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._batch = self._compiler = None
+        self._compiler = None
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:

@@ -7,6 +7,7 @@ masked distribution.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from aioworker.compute.sampling.sampler import SampleRow
@@ -27,12 +28,28 @@ def logits_stage(
 
 def apply_grammar_masks(logits: torch.Tensor, masks: StepMasks) -> None:
     """In place: -inf on every token a guided row's grammar does not allow next."""
-    device, vocab_size = logits.device, logits.shape[1]
-    rows = to_device(device, masks.rows)
-    words = to_device(device, masks.bitmask)  # [R, W] int32, bit t of word w: token 32w + t
+    if logits.device.type == "cpu":
+        _apply_on_cpu(logits, masks)
+        return
+    # Every row at once (unguided rows allow every token): a few kernels, no gather or scatter.
+    device, (num_rows, vocab_size) = logits.device, logits.shape
+    words = to_device(device, masks.bitmask)  # [S, W] int32, bit t of word w: token 32w + t
     shifts = torch.arange(32, device=device, dtype=torch.int32)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(len(masks.rows), -1)[:, :vocab_size]
-    logits[rows] = logits[rows].masked_fill(allowed == 0, float("-inf"))
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(num_rows, -1)[:, :vocab_size]
+    logits.masked_fill_(allowed == 0, float("-inf"))
+
+
+def _apply_on_cpu(logits: torch.Tensor, masks: StepMasks) -> None:
+    """The guided rows only, each in place; numpy unpacks the bits (one byte per token)."""
+    vocab_size = logits.shape[1]
+    words = masks.bitmask[masks.rows]
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    refused = torch.from_numpy(bits == 0)
+    if len(masks.rows) == logits.shape[0]:
+        logits.masked_fill_(refused, float("-inf"))
+        return
+    for i, row in enumerate(masks.rows):
+        logits[row].masked_fill_(refused[i], float("-inf"))
 
 
 def mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:

@@ -98,12 +98,13 @@ def test_the_cache_keeps_its_byte_budget_dropping_the_least_recently_used(
         small.close()
 
 
-def test_masks_fill_one_row_per_matcher_with_its_allowed_tokens(backend: XgrammarBackend) -> None:
+def test_a_matcher_fills_its_row_with_its_allowed_tokens(backend: XgrammarBackend) -> None:
     compiled = backend.compile(GuidedParams(choice=("yes", "no"))).result()
     matchers = [backend.matcher(compiled, [EOS]) for _ in range(2)]
     matchers[1].accept_string("yes")
     bitmask = np.zeros((2, backend.num_mask_words), np.int32)
-    backend.fill_many(matchers, bitmask)
+    for row, matcher in enumerate(matchers):
+        matcher.fill_next_token_bitmask(bitmask, row)
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
     assert allowed[0].sum() > 1 and allowed[0, EOS] == 0
     assert np.flatnonzero(allowed[1]).tolist() == [EOS]  # "yes" is whole: only the end

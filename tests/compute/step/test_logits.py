@@ -33,7 +33,7 @@ def test_grammar_masks_leave_only_allowed_tokens_in_their_rows() -> None:
     logits = torch.randn(3, vocab)
     free = SamplingSettings(0.0, 0, 1.0, None, 0, [])
     rows = [SampleRow(free, 5, 0)] * 3
-    masks = StepMasks(0, [0, 2], bitmask(vocab, [[1, 33, 69], [64]]))
+    masks = StepMasks(0, [0, 2], bitmask(vocab, [[1, 33, 69], list(range(vocab)), [64]]))
     staged = logits_stage(logits.clone(), rows, masks)
     assert torch.isfinite(staged[0]).nonzero().flatten().tolist() == [1, 33, 69]
     assert torch.equal(staged[1], logits[1])  # an unguided row is untouched
