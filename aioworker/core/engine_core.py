@@ -218,7 +218,7 @@ class EngineCore:
             future = self.executor.submit(plan)
             self.in_flight.append(InFlightStep(plan, future, time.monotonic(), owes_masks))
             if owes_masks and len(self.in_flight) == 1:
-                self.mask_filler.start(plan, self.scheduler.seqs.get)
+                self.mask_filler.fill(plan, self.scheduler.seqs.get)
 
     def complete(self, result: StepResult) -> list[RequestOutput]:
         """The oldest step's result: tokens appended, finished requests ended; its outputs."""
@@ -229,7 +229,7 @@ class EngineCore:
         outputs = self.scheduler.update(step.plan, result, self.weights_version)
         if self.in_flight and self.in_flight[0].owes_masks:
             # The next step's earlier tokens are all known now: its masks can be filled.
-            self.mask_filler.start(self.in_flight[0].plan, self.scheduler.seqs.get)
+            self.mask_filler.fill(self.in_flight[0].plan, self.scheduler.seqs.get)
         self._busy_after_completion = self.scheduler.has_work
         if self.stop_ends:
             outputs = self.stop_ends.apply(outputs, self.scheduler.stop_request)

@@ -3,9 +3,8 @@ scheduler with every token a sequence keeps, and the token masks of a step.
 
 The engine core runs a step ahead, so a step's plan is built before the tokens its masks follow
 are known. Masks therefore travel beside the plan, not in it: when a step becomes the oldest in
-flight, every token before its sampled rows is known, and `MaskFiller` fills their masks on a
-thread of its own, while that step's forward runs, and hands them to the executor
-(`Executor.provide_masks`). The executor's logits stage waits for them only in steps with a
+flight, every token before its sampled rows is known, and `MaskFiller` fills their masks, while
+that step's forward runs, and hands them to the executor (`Executor.provide_masks`). The executor's logits stage waits for them only in steps with a
 guided row. Only the driver samples, so masks never travel to tensor-parallel peers.
 
 A matcher only ever accepts tokens a sequence keeps. So a preemption needs no replay (the
@@ -145,9 +144,16 @@ def has_guided_rows(plan: StepPlan, find: Callable[[int], Sequence | None]) -> b
 
 
 class MaskFiller:
-    """Fills a step's masks on threads of its own and hands them to `provide`: one thread, and
-    up to `num_threads` for steps of more than PARALLEL_ROWS guided sequences (xgrammar's
-    matchers let go of the GIL, so they run side by side)."""
+    """Fills a step's masks and hands them to `provide`, on the engine core's own thread (the
+    driver's event loop), helped by up to `num_threads` - 1 threads for steps of more than
+    PARALLEL_ROWS guided sequences while that thread waits.
+
+    Not on a thread of its own: the matchers' calls let go of the GIL, and a thread that takes it
+    back after each of them waits out the event loop's Python work, 5 ms at a time (the
+    interpreter's switch interval). Measured with 64 rows beside a busy Python thread: 604 ms
+    per step filled row by row on another thread, 1.6 ms on this one with a helper, where
+    nothing else wanted the GIL. The fill is the step's critical path either way: the step
+    cannot sample until its masks exist, and its forward runs meanwhile."""
 
     def __init__(
         self, num_mask_words: int, provide: Callable[[StepMasks], None], num_threads: int = 1
@@ -155,35 +161,36 @@ class MaskFiller:
         self.num_mask_words = num_mask_words
         self.provide = provide
         self.num_threads = max(1, num_threads)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="aioworker-masks")
         self._helpers = (
             ThreadPoolExecutor(self.num_threads - 1, thread_name_prefix="aioworker-masks")
             if self.num_threads > 1
             else None
         )
 
-    def start(self, plan: StepPlan, find: Callable[[int], Sequence | None]) -> Future:
-        """Begin filling the masks of `plan`, whose earlier tokens are all known now."""
+    def fill(self, plan: StepPlan, find: Callable[[int], Sequence | None]) -> None:
+        """Fill the masks of `plan`, whose earlier tokens are all known now, and provide them."""
         rows, work, num_rows = guided_rows(plan, find)
-        return self._thread.submit(self._fill, plan.step_id, rows, work, num_rows)
-
-    def _fill(self, step_id: int, rows: list[int], work: list[GuidedRow], num_rows: int) -> None:
         bitmask = np.full((num_rows, self.num_mask_words), -1, dtype=np.int32)
         try:
-            chunks = _chunks(work, self.num_threads if len(work) > PARALLEL_ROWS else 1)
-            helped = [self._helpers.submit(_fill_rows, chunk, bitmask) for chunk in chunks[1:]]
-            _fill_rows(chunks[0], bitmask)
-            for done in helped:
-                done.result()
+            self._fill(work, bitmask)
         except Exception:
             # Never leave the step waiting: its rows go unconstrained, and a token the grammar
             # refuses then ends its request with an error.
-            log.exception("filling the masks of step %d failed", step_id)
+            log.exception("filling the masks of step %d failed", plan.step_id)
             bitmask[:] = -1
-        self.provide(StepMasks(step_id, rows, bitmask))
+        self.provide(StepMasks(plan.step_id, rows, bitmask))
+
+    def _fill(self, work: list[GuidedRow], bitmask: np.ndarray) -> None:
+        if self._helpers is None or len(work) <= PARALLEL_ROWS:
+            _fill_rows(work, bitmask)
+            return
+        chunks = _chunks(work, self.num_threads)
+        helped = [self._helpers.submit(_fill_rows, chunk, bitmask) for chunk in chunks[1:]]
+        _fill_rows(chunks[0], bitmask)
+        for done in helped:
+            done.result()
 
     def shutdown(self) -> None:
-        self._thread.shutdown(wait=True)
         if self._helpers is not None:
             self._helpers.shutdown(wait=True)
 

@@ -121,7 +121,7 @@ def test_many_guided_rows_are_filled_on_several_threads_alike() -> None:
         sample=[True] * len(seqs),
         input_token_ids=[1] * len(seqs),
     )
-    filler.start(plan, seqs.get).result()
+    filler.fill(plan, seqs.get)
     filler.shutdown()
     [masks] = provided
     assert [lowest_allowed(row) for row in masks.bitmask] == [i + 1 for i in range(len(seqs))]
