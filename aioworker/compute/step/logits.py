@@ -7,6 +7,8 @@ masked distribution.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -34,9 +36,13 @@ def apply_grammar_masks(logits: torch.Tensor, masks: StepMasks) -> None:
     # Every row at once (unguided rows allow every token): a few kernels, no gather or scatter.
     device, (num_rows, vocab_size) = logits.device, logits.shape
     words = to_device(device, masks.bitmask)  # [S, W] int32, bit t of word w: token 32w + t
-    shifts = torch.arange(32, device=device, dtype=torch.int32)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(num_rows, -1)[:, :vocab_size]
+    allowed = ((words.unsqueeze(-1) >> _shifts(device)) & 1).view(num_rows, -1)[:, :vocab_size]
     logits.masked_fill_(allowed == 0, float("-inf"))
+
+
+@functools.cache
+def _shifts(device: torch.device) -> torch.Tensor:
+    return torch.arange(32, device=device, dtype=torch.int32)
 
 
 def _apply_on_cpu(logits: torch.Tensor, masks: StepMasks) -> None:
