@@ -45,6 +45,8 @@ class ExecutorThread:
         self.governor = governor
         self.runner: ModelRunner | None = None  # both given by install()
         self.weights: RankWeights | None = None
+        # The CUDA stream the thread runs steps on (None on the CPU).
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._launched: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -71,8 +73,14 @@ class ExecutorThread:
         return future
 
     def provide_masks(self, masks: StepMasks) -> None:
-        """A submitted step's grammar masks (from the driver's mask filler thread)."""
-        self.runner.masks.put(masks)
+        """A submitted step's grammar masks, from the engine core's thread: copied to the device
+        and unpacked there, on this executor's stream (queued before the step's sampling, which
+        waits for them), so that the executor thread is not the one doing it."""
+        if self.stream is None:
+            self.runner.receive_masks(masks)
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            self.runner.receive_masks(masks)
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run any function on the executor thread (loading, profiling, weight updates)."""
@@ -98,7 +106,7 @@ class ExecutorThread:
         stream = None
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            stream = torch.cuda.Stream(self.device)
+            stream = self.stream
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             while (job := self._jobs.get()) is not _STOP:
                 fn, plan, future = job

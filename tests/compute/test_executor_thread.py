@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from aioworker.compute.executor_thread import ExecutorThread
+from aioworker.compute.step.mask_mailbox import MaskMailbox
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 from tests.plans import empty_plan
@@ -38,6 +39,7 @@ class LaunchedStep:
 class RecordingRunner:
     def __init__(self, events: list[str]) -> None:
         self.events = events
+        self.masks = MaskMailbox()
 
     def launch(self, plan: StepPlan) -> LaunchedStep:
         if plan.step_id == FAILS_AT_LAUNCH:

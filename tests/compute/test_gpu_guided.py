@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from aioworker.compute.step.logits import apply_grammar_masks
+from aioworker.compute.step.logits import apply_grammar_masks, refused_tokens
 from aioworker.config import load_config
 from aioworker.core.grammar import StepMasks
 from aioworker.core.guided import GuidedParams
@@ -63,8 +63,8 @@ def test_device_masks_equal_the_cpu_masks() -> None:
     bitmask[[1, 4, 5]] = -1  # unguided rows allow every token
     masks = StepMasks(0, [0, 2, 3, 6, 7], bitmask)
     on_cpu, on_gpu = logits.clone(), logits.cuda()
-    apply_grammar_masks(on_cpu, masks)
-    apply_grammar_masks(on_gpu, masks)
+    apply_grammar_masks(on_cpu, refused_tokens(masks, on_cpu.device, vocab))
+    apply_grammar_masks(on_gpu, refused_tokens(masks, on_gpu.device, vocab))
     assert torch.equal(on_gpu.cpu(), on_cpu)
     assert torch.isinf(on_cpu[0]).any() and not torch.isinf(on_cpu[1]).any()
 

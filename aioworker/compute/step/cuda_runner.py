@@ -102,11 +102,12 @@ class CudaModelRunner(ModelRunner):
 
     def capture_graphs(self) -> None:
         """Capture the decode graphs, and the verify graphs where speculation is configured."""
-        if self.graphs is None:
-            self._make_graphs()
-        for graphs in (self.graphs, self.verify_graphs, self.draft_graphs):
-            if graphs is not None:
-                graphs.capture()
+        with self.masks_lock:  # no mask is unpacked on this stream while a graph is captured
+            if self.graphs is None:
+                self._make_graphs()
+            for graphs in (self.graphs, self.verify_graphs, self.draft_graphs):
+                if graphs is not None:
+                    graphs.capture()
 
     def _make_graphs(self) -> None:
         if self.capture_batch_size <= 0:

@@ -8,6 +8,7 @@ masked distribution.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,8 +18,38 @@ from aioworker.compute.small_copies import to_device
 from aioworker.core.grammar import StepMasks
 
 
+@dataclass(slots=True)
+class RefusedTokens:
+    """A step's grammar masks as the logits stage applies them: True where a row's grammar
+    refuses a token. Made by `refused_tokens` on the thread that provides the masks (on a GPU,
+    queued on the executor's stream), so the step itself only has one fill to make."""
+
+    step_id: int
+    rows: list[int]  # the guided rows
+    # [S, V] on a GPU (unguided rows refuse nothing); [len(rows), V] on the CPU.
+    refused: torch.Tensor
+
+
+def refused_tokens(masks: StepMasks, device: torch.device, vocab_size: int) -> RefusedTokens:
+    """The bitmask unpacked, one bool per token: on a GPU every row in a few kernels; on the
+    CPU the guided rows, by numpy (bit t of int32 word w is token 32w + t)."""
+    if device.type == "cpu":
+        words = masks.bitmask[masks.rows]
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+        return RefusedTokens(masks.step_id, masks.rows, torch.from_numpy(bits == 0))
+    words = to_device(device, masks.bitmask)  # [S, W] int32
+    bits = (words.unsqueeze(-1) >> _shifts(device)) & 1  # [S, W, 32]
+    refused = bits.view(len(masks.bitmask), -1)[:, :vocab_size] == 0
+    return RefusedTokens(masks.step_id, masks.rows, refused)
+
+
+@functools.cache
+def _shifts(device: torch.device) -> torch.Tensor:
+    return torch.arange(32, device=device, dtype=torch.int32)
+
+
 def logits_stage(
-    logits: torch.Tensor, rows: list[SampleRow], masks: StepMasks | None = None
+    logits: torch.Tensor, rows: list[SampleRow], masks: RefusedTokens | None = None
 ) -> torch.Tensor:
     """logits [S, V] of the sampled rows -> float32 logits ready for the sampler."""
     logits = logits.float()
@@ -28,30 +59,10 @@ def logits_stage(
     return logits
 
 
-def apply_grammar_masks(logits: torch.Tensor, masks: StepMasks) -> None:
+def apply_grammar_masks(logits: torch.Tensor, masks: RefusedTokens) -> None:
     """In place: -inf on every token a guided row's grammar does not allow next."""
-    if logits.device.type == "cpu":
-        _apply_on_cpu(logits, masks)
-        return
-    # Every row at once (unguided rows allow every token): a few kernels, no gather or scatter.
-    device, (num_rows, vocab_size) = logits.device, logits.shape
-    words = to_device(device, masks.bitmask)  # [S, W] int32, bit t of word w: token 32w + t
-    allowed = ((words.unsqueeze(-1) >> _shifts(device)) & 1).view(num_rows, -1)[:, :vocab_size]
-    logits.masked_fill_(allowed == 0, float("-inf"))
-
-
-@functools.cache
-def _shifts(device: torch.device) -> torch.Tensor:
-    return torch.arange(32, device=device, dtype=torch.int32)
-
-
-def _apply_on_cpu(logits: torch.Tensor, masks: StepMasks) -> None:
-    """The guided rows only, each in place; numpy unpacks the bits (one byte per token)."""
-    vocab_size = logits.shape[1]
-    words = masks.bitmask[masks.rows]
-    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-    refused = torch.from_numpy(bits == 0)
-    if len(masks.rows) == logits.shape[0]:
+    refused = masks.refused
+    if refused.shape[0] == logits.shape[0]:  # every row (a GPU's; or all rows guided)
         logits.masked_fill_(refused, float("-inf"))
         return
     for i, row in enumerate(masks.rows):

@@ -13,6 +13,7 @@ controls).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from itertools import compress
 from typing import Protocol
@@ -30,7 +31,7 @@ from aioworker.compute.sampling.sampler import Sampler, SampleRow
 from aioworker.compute.sampling.verify import DraftRows, verify
 from aioworker.compute.small_copies import to_device
 from aioworker.compute.step.drafting import NextDrafts, propose_next_drafts
-from aioworker.compute.step.logits import logits_stage
+from aioworker.compute.step.logits import RefusedTokens, logits_stage, refused_tokens
 from aioworker.compute.step.mask_mailbox import MaskMailbox
 from aioworker.core.grammar import StepMasks
 from aioworker.core.plan import PENDING_TOKEN, SamplingSettings, StepPlan, StepResult
@@ -158,6 +159,9 @@ class ModelRunner:
         # Only the driver samples, so only it keeps the controls' state and takes grammar masks.
         self.controls = SamplingControls(device, model.lm_head.vocab_size)
         self.masks = MaskMailbox()
+        # Held while masks are unpacked on the executor's stream from another thread, and while
+        # CUDA graphs are captured on it: a capture forbids other work on its stream.
+        self.masks_lock = threading.Lock()
 
     def kv_layers(self) -> list:
         """Every attention layer with a KV cache: the target's, then a separate draft's."""
@@ -233,7 +237,15 @@ class ModelRunner:
         self.record(plan, step, sampled)
         return sampled
 
-    def take_masks(self, plan: StepPlan, step: PreparedStep) -> StepMasks | None:
+    def receive_masks(self, masks: StepMasks) -> None:
+        """A step's masks, from the thread that filled them: unpacked there (on a GPU, queued
+        on the executor's stream by the caller), so the step waiting for them only applies them."""
+        vocab_size = self.model.lm_head.vocab_size
+        with self.masks_lock:
+            refused = refused_tokens(masks, self.device, vocab_size)
+        self.masks.put(refused)
+
+    def take_masks(self, plan: StepPlan, step: PreparedStep) -> RefusedTokens | None:
         """The driver waits here for the grammar masks of a step with a guided row; they are
         filled while this step's forward runs (on a GPU, queued before the wait)."""
         if not self.tp.is_driver or not any(row.sampling.guided for row in step.sample_rows):

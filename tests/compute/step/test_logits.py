@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from aioworker.compute.sampling.sampler import SampleRow
-from aioworker.compute.step.logits import logits_stage
+from aioworker.compute.step.logits import logits_stage, refused_tokens
 from aioworker.core.grammar import StepMasks
 from aioworker.core.plan import SamplingSettings
 
@@ -34,7 +34,7 @@ def test_grammar_masks_leave_only_allowed_tokens_in_their_rows() -> None:
     free = SamplingSettings(0.0, 0, 1.0, None, 0, [])
     rows = [SampleRow(free, 5, 0)] * 3
     masks = StepMasks(0, [0, 2], bitmask(vocab, [[1, 33, 69], list(range(vocab)), [64]]))
-    staged = logits_stage(logits.clone(), rows, masks)
+    staged = logits_stage(logits.clone(), rows, refused_tokens(masks, logits.device, vocab))
     assert torch.isfinite(staged[0]).nonzero().flatten().tolist() == [1, 33, 69]
     assert torch.equal(staged[1], logits[1])  # an unguided row is untouched
     assert torch.isfinite(staged[2]).nonzero().flatten().tolist() == [64]
@@ -45,6 +45,6 @@ def test_min_tokens_yields_where_the_grammar_allows_only_a_stop_token() -> None:
     settings = SamplingSettings(0.0, 0, 1.0, None, min_tokens=8, stop_token_ids=[3], guided=True)
     rows = [SampleRow(settings, 10, 2), SampleRow(settings, 10, 2)]
     masks = StepMasks(0, [0, 1], bitmask(40, [[3], [3, 5]]))
-    staged = logits_stage(logits, rows, masks)
+    staged = logits_stage(logits, rows, refused_tokens(masks, logits.device, 40))
     assert staged[0].argmax() == 3  # the grammar has ended: its stop token stays
     assert torch.isfinite(staged[1]).nonzero().flatten().tolist() == [5]
