@@ -143,7 +143,8 @@ class SpeculativeOptions(_Section):
 class GuidedOptions(_Section):
     # Guided decoding (SamplingParams.guided): threads that compile grammars off the event loop,
     # the bytes of compiled grammars kept for reuse (least recently used go first), and the
-    # threads that fill a step's masks once it has more than 128 guided rows.
+    # threads that fill a step's masks once it has more than 16 guided rows (the engine core's
+    # own among them).
     compile_threads: int = 2
     cache_bytes: int = 256 << 20
     fill_threads: int = 4
