@@ -242,3 +242,19 @@ def test_a_weights_update_between_steps_keeps_each_matcher_where_it_was(
 
 def run_phase(engine, op: str, **fields) -> int:
     return engine.executor.run_weights_phase(WeightsPhase(op=op, **fields)).result()
+
+
+def test_a_prompt_prefilled_in_chunks_keeps_to_the_grammar(engine) -> None:
+    """A prompt longer than a CPU step's 256-token budget is computed over several steps; only
+    its last chunk samples, and only that step waits for a mask."""
+    paragraph = " ".join(PROMPTS) * 3
+    prompt = engine.encode(f"{paragraph}\n\nNow describe one of these people as JSON.", chat=True)
+    assert len(prompt) > 2 * 256
+    first_step = engine.core.last_step_id
+    # Compact: after so long a prompt the model drifts into whitespace runs, which the grammar
+    # allows and the token budget then cuts short.
+    guided = GuidedParams(json_schema=PERSON, compact_json=True)
+    [completion] = engine.generate([prompt], greedy(guided, 120))
+    assert engine.core.last_step_id - first_step > len(completion.token_ids) + 1  # chunks
+    assert completion.finish_reason is FinishReason.STOP
+    jsonschema.validate(json.loads(completion.text), PERSON)

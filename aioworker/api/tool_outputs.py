@@ -11,8 +11,8 @@ from aioworker.api.tool_calls import CallCounter, OutputReader, Parsed, call_of
 from aioworker.api.tools import ChatTools
 
 
-class RequiredCalls(CallCounter):
-    """tool_choice "required": a JSON list of {"name", "parameters"}."""
+class _WholeOutput(CallCounter):
+    """A constrained output, read once it has ended: nothing is sent while it streams."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -21,6 +21,10 @@ class RequiredCalls(CallCounter):
     def feed(self, text: str) -> Parsed:
         self._text += text
         return Parsed()
+
+
+class RequiredCalls(_WholeOutput):
+    """tool_choice "required": a JSON list of {"name", "parameters"}."""
 
     def finish(self) -> Parsed:
         try:
@@ -33,17 +37,12 @@ class RequiredCalls(CallCounter):
         return Parsed("", [self._call(*call) for call in found if call is not None])
 
 
-class NamedCall(CallCounter):
+class NamedCall(_WholeOutput):
     """A named tool_choice: the output is that function's arguments."""
 
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
-        self._text = ""
-
-    def feed(self, text: str) -> Parsed:
-        self._text += text
-        return Parsed()
 
     def finish(self) -> Parsed:
         try:
