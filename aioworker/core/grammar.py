@@ -150,9 +150,9 @@ class MaskFiller:
 
     Not on a thread of its own: the matchers' calls let go of the GIL, and a thread that takes it
     back after each of them waits out the event loop's Python work, 5 ms at a time (the
-    interpreter's switch interval). Measured with 64 rows beside a busy Python thread: 604 ms
-    per step filled row by row on another thread, 1.6 ms on this one with a helper, where
-    nothing else wanted the GIL. The fill is the step's critical path either way: the step
+    interpreter's switch interval). Measured on a 2-core CPU (an ad-hoc script), 64 rows: 604 ms
+    per step filled row by row beside a busy Python thread, 1.7 ms on 4 threads while the
+    caller waits and nothing else wants the GIL. The fill is the step's critical path either way: the step
     cannot sample until its masks exist, and its forward runs meanwhile."""
 
     def __init__(
