@@ -48,6 +48,10 @@ class GrammarBackend(Protocol):
 
     # int32 words per mask row: one bit per token of the model's vocabulary.
     num_mask_words: int
+    # Grammars compiled, compiles saved by the cache, and the bytes it holds (admin status).
+    num_compiled: int
+    num_cache_hits: int
+    cached_bytes: int
 
     def compile(self, guided: GuidedParams) -> Future:
         """The compiled grammar, from the cache or a compile pool; the future raises

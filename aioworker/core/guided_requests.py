@@ -24,6 +24,7 @@ class GuidedRequests:
         self.eos_token_ids = eos_token_ids
         self._compiling: dict[str, tuple[list[Sequence], Future]] = {}
         self._refused: list[tuple[str, int, str]] = []  # request id, samples, why
+        self.num_refused = 0  # requests whose grammar failed to compile, since start
         # Called (on a compile thread) when a grammar is ready: the driver wakes its step loop.
         self.on_ready: Callable[[], None] = lambda: None
 
@@ -62,6 +63,7 @@ class GuidedRequests:
                 self._attach(samples, future.result())
             except Exception as exc:
                 self._refused.append((request_id, len(samples), _reason(exc)))
+                self.num_refused += 1
             else:
                 ready.append(samples)
         return ready
@@ -75,6 +77,10 @@ class GuidedRequests:
         ]
         self._refused = []
         return outputs
+
+    @property
+    def num_compiling(self) -> int:
+        return len(self._compiling)
 
     def drop(self, request_id: str) -> bool:
         """Forget a compiling request (aborted); False if it is not compiling."""

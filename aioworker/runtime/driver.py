@@ -184,6 +184,21 @@ class Driver:
             **weights_info(self.loaded),
         )
 
+    def guided_status(self) -> dict[str, Any]:
+        """Guided decoding: requests whose grammar compiles now, grammars that failed to compile,
+        and the compiled-grammar cache (compiles, hits, bytes held)."""
+        core = self.core
+        if core is None or core.guided.backend is None:
+            return {}
+        backend = core.guided.backend
+        return {
+            "guided_compiling": core.guided.num_compiling,
+            "guided_refused": core.guided.num_refused,
+            "grammars_compiled": backend.num_compiled,
+            "grammar_cache_hits": backend.num_cache_hits,
+            "grammar_cache_bytes": backend.cached_bytes,
+        }
+
     def weights_per_rank(self) -> list[dict[str, Any]]:
         """Each loaded rank's quantization and weight bytes: the driver's own, then its peers'
         (from their PeerReady)."""
@@ -279,6 +294,7 @@ class Driver:
             "num_unsent_control": self.peers.unsent.total if self.peers else 0,
             "loop_us_per_step": round(self.loop_time.mean * 1e6, 1),
             "loop_cpu_us_per_step": round(self.loop_cpu_time.mean * 1e6, 1),
+            **self.guided_status(),
             "weights_version": info.weights_version,
             "last_weights_update_s": self.weights.last_update_s if self.weights else None,
             "weights_per_rank": self.weights_per_rank(),

@@ -55,6 +55,7 @@ class FakeGrammars:
     with `hold`, compiles wait until `release()`."""
 
     num_mask_words = -(-FAKE_VOCAB_SIZE // 32)
+    num_compiled = num_cache_hits = cached_bytes = 0
 
     def __init__(self, hold: bool = False) -> None:
         self.hold = hold

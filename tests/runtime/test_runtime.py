@@ -122,6 +122,8 @@ def test_tensor_parallel_2_equals_tp_1(embedded_engine, embedded_model_dir) -> N
     assert "guided.json_schema does not compile" in completions[3].error
     assert [c.token_ids for c in sampled] == expected_samples
     assert status["prefix_hit_tokens"] > 0
+    assert (status["grammars_compiled"], status["guided_refused"]) == (1, 1)
+    assert status["guided_compiling"] == 0 and status["grammar_cache_bytes"] > 0
     assert_logprobs_close(completions[0].logprobs, expected[0].logprobs)
     assert_logprobs_close(completions[0].prompt_logprobs, expected[0].prompt_logprobs)
     assert completions[1].logprobs is None
