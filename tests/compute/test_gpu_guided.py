@@ -25,7 +25,8 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3_06B = ROOT / "configs" / "models" / "qwen3-0.6b"
-# The GPU machine has no embedded model: its tokenizer travels with the run (.gpu/).
+# The GPU machine has no embedded model: its tokenizer travels with the run (.gpu/, staged by
+# tools/gpu_prepare_extra.sh).
 TOKENIZERS = (ROOT / ".gpu" / "tokenizer.json",)
 
 
