@@ -212,7 +212,7 @@ class EngineCore:
                 self._observe_host_gap()
             if before_submit is not None:
                 before_submit(plan)
-            owes_masks = self.mask_filler is not None and has_guided_rows(
+            owes_masks = self.scheduler.num_guided > 0 and has_guided_rows(
                 plan, self.scheduler.seqs.get
             )
             future = self.executor.submit(plan)

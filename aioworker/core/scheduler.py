@@ -49,6 +49,8 @@ class Scheduler:
         # Leaders of parallel samples whose followers wait for their prompt to be computed.
         self._leaders: list[Sequence] = []
         self.num_preemptions = 0
+        # Unfinished sequences with a grammar: steps look for guided rows only while there are.
+        self.num_guided = 0
         # False holds waiting requests back (a weights update in `wait` mode lets the running
         # ones finish first).
         self.admit_new = True
@@ -68,6 +70,8 @@ class Scheduler:
         self.seqs_by_request[seq.request_id] = samples
         for sample in samples:
             self.seqs[sample.seq_id] = sample
+        if seq.grammar is not None:
+            self.num_guided += len(samples)
         self.waiting.append(seq)
         if followers and self.block_manager.enable_prefix_caching:
             seq.followers = list(followers)
@@ -420,6 +424,8 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self.seqs[seq.seq_id]
+        if seq.grammar is not None:
+            self.num_guided -= 1
         samples = self.seqs_by_request[seq.request_id]
         samples.remove(seq)
         if not samples:

@@ -159,6 +159,8 @@ class ModelRunner:
         # Only the driver samples, so only it keeps the controls' state and takes grammar masks.
         self.controls = SamplingControls(device, model.lm_head.vocab_size)
         self.masks = MaskMailbox()
+        # Sequences whose rows follow a grammar: steps without any never look for masks.
+        self.guided_seq_ids: set[int] = set()
         # Held while masks are unpacked on the executor's stream from another thread, and while
         # CUDA graphs are captured on it: a capture forbids other work on its stream.
         self.masks_lock = threading.Lock()
@@ -248,7 +250,9 @@ class ModelRunner:
     def take_masks(self, plan: StepPlan, step: PreparedStep) -> RefusedTokens | None:
         """The driver waits here for the grammar masks of a step with a guided row; they are
         filled while this step's forward runs (on a GPU, queued before the wait)."""
-        if not self.tp.is_driver or not any(row.sampling.guided for row in step.sample_rows):
+        if not self.guided_seq_ids or not any(
+            seq_id in self.guided_seq_ids for seq_id in compress(plan.seq_ids, plan.sample)
+        ):
             return None
         return self.masks.take(plan.step_id)
 
@@ -359,6 +363,7 @@ class ModelRunner:
         for seq_id in plan.released_seq_ids:
             self.seqs.pop(seq_id, None)
             self.scoring_prompts.discard(seq_id)
+            self.guided_seq_ids.discard(seq_id)
         if self.controls:
             self.controls.release(plan.released_seq_ids)
         for seq_id, num_blocks in plan.trimmed_block_tables:
@@ -369,6 +374,8 @@ class ModelRunner:
             )
             if new.sampling.prompt_logprobs >= 0:
                 self.scoring_prompts.add(new.seq_id)
+            if new.sampling.guided and self.tp.is_driver:
+                self.guided_seq_ids.add(new.seq_id)
             if new.sampling.controls is not None and self.tp.is_driver:
                 self.controls.admit(new)
         for seq_id, block_ids in zip(plan.seq_ids, plan.new_block_ids, strict=True):
