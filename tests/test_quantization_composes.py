@@ -19,10 +19,12 @@ read the same quantized values (last).
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import msgspec
 import pytest
 import torch
@@ -33,10 +35,13 @@ from aioworker.compute.layers.linear_method import LinearMethods
 from aioworker.compute.layers.weight_only import WINT4
 from aioworker.compute.loader import WeightsError
 from aioworker.compute.model_loading import ON_LOAD
+from aioworker.core.guided import GuidedParams
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.core.weights_phase import WeightsPhase
 from aioworker.engine import LLMEngine
 from tests.conftest import make_engine
+from tests.guided_schemas import PERSON
+from tests.guided_schemas import PROMPTS as GUIDED_PROMPTS
 from tests.test_speculation import METHODS, NGRAM, copy_prompts
 from tests.tiny_models import build_tiny_model
 
@@ -152,6 +157,23 @@ def test_a_stop_string_ends_the_text_before_it(engines, prompts) -> None:
     [stopped] = engine.generate(prompts[3:], msgspec.structs.replace(GREEDY, stop=[stop]))
     assert stopped.finish_reason == "stop"
     assert stopped.text == full.text[: full.text.index(stop)]
+
+
+def test_guided_outputs_with_int4_weights_validate(engines, prompts) -> None:
+    """Guidance on quantized weights, with n-gram drafts checked against the grammar: sampled
+    outputs all validate, and greedy ones equal decoding without drafts."""
+    engine = engines["wint4"]
+    guided = GuidedParams(json_schema=PERSON)
+    asks = [engine.encode(p, chat=True) for p in GUIDED_PROMPTS[:4]]
+    sampled = [
+        SamplingParams(max_tokens=200, temperature=1.0, seed=i, guided=guided) for i in range(4)
+    ]
+    for completion in engine.generate(asks, sampled):
+        jsonschema.validate(json.loads(completion.text), PERSON)
+    greedy = SamplingParams(max_tokens=120, temperature=0.0, guided=guided)
+    expected = [c.token_ids for c in engine.generate(asks[:2], greedy)]
+    with quantized_engine(engines.model_dir, "wint4", **NGRAM) as speculating:
+        assert [c.token_ids for c in speculating.generate(asks[:2], greedy)] == expected
 
 
 # -- release and resume ------------------------------------------------------------------------
