@@ -158,6 +158,19 @@ class GuidedOptions(_Section):
 class ParallelOptions(_Section):
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    # MoE models: 1 splits every expert across the group's ranks (as a dense MLP is split); the
+    # group's tensor_parallel_size gives each rank whole experts, a share of them, and sends
+    # tokens to their experts' ranks and back (all_to_all). Attention stays tensor-parallel.
+    expert_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        ep, tp = self.expert_parallel_size, self.tensor_parallel_size
+        if ep not in (1, tp):
+            raise ConfigError(
+                f"parallel.expert_parallel_size is {ep}; it must be 1 (experts split like a "
+                f"dense MLP) or the tensor_parallel_size, {tp} (whole experts per rank): "
+                "splitting experts over part of a group is not built"
+            )
 
 
 class RuntimeOptions(_Section):

@@ -19,8 +19,22 @@ _COMMON = dict(
 )
 
 
+# Expert sizes that are not multiples of the fused kernel's blocks, and more experts than top_k.
+_MOE = dict(moe_intermediate_size=40, num_experts_per_tok=2)
+
+
 def tiny_configs():
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        Ernie4_5_MoeConfig,
+        Ernie4_5Config,
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     return {
         # Llama-3 rope scaling with a short original context so every band of the scaling matters.
@@ -40,6 +54,31 @@ def tiny_configs():
         "qwen2": Qwen2Config(**_COMMON, tie_word_embeddings=True),
         # head_dim differs from hidden_size / num_attention_heads, as in real Qwen3 models.
         "qwen3": Qwen3Config(**_COMMON, head_dim=32),
+        # Layer 0 dense (mlp_only_layers), layer 1 routed, weights renormalised.
+        "qwen3_moe": Qwen3MoeConfig(
+            **_COMMON, **_MOE, head_dim=32, num_experts=8, norm_topk_prob=True, mlp_only_layers=[0]
+        ),
+        # A shared expert with its sigmoid gate; routing weights not renormalised.
+        "qwen2_moe": Qwen2MoeConfig(
+            **_COMMON,
+            **_MOE,
+            num_experts=6,
+            shared_expert_intermediate_size=56,
+            norm_topk_prob=False,
+        ),  # fmt: skip
+        "mixtral": MixtralConfig(
+            **{**_COMMON, "intermediate_size": 40}, num_local_experts=5, num_experts_per_tok=2
+        ),
+        "ernie4_5": Ernie4_5Config(**_COMMON, head_dim=16),
+        # Layer 0 dense; two shared experts; the correction bias chooses, the weights do not see it.
+        "ernie4_5_moe": Ernie4_5_MoeConfig(
+            **_COMMON,
+            **_MOE,
+            num_experts=8,
+            moe_num_shared_experts=2,
+            moe_layer_start_index=1,
+            head_dim=16,
+        ),  # fmt: skip
     }
 
 

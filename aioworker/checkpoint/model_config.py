@@ -11,12 +11,20 @@ from typing import Any
 
 import msgspec
 
+from aioworker.checkpoint.moe_config import MoeConfig, moe_config
+
 # Architecture name in config.json -> the variant flags of our one Llama-family decoder.
 SUPPORTED_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "LlamaForCausalLM": {},
     "MistralForCausalLM": {},
     "Qwen2ForCausalLM": {"qkv_bias": True},
     "Qwen3ForCausalLM": {"qk_norm": True},
+    "Qwen2MoeForCausalLM": {"qkv_bias": True},
+    "Qwen3MoeForCausalLM": {"qk_norm": True},
+    "MixtralForCausalLM": {},
+    # ERNIE 4.5 rotates interleaved pairs of each head's dimensions (GPT-J style).
+    "Ernie4_5ForCausalLM": {"rope_interleaved": True},
+    "Ernie4_5_MoeForCausalLM": {"rope_interleaved": True},
 }
 
 _MODEL_TYPE_TO_ARCH = {
@@ -24,6 +32,11 @@ _MODEL_TYPE_TO_ARCH = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
+    "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
 }
 
 
@@ -57,6 +70,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     qk_norm: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None
+    rope_interleaved: bool = False
+    # The experts of a mixture-of-experts model; None for a dense one.
+    moe: MoeConfig | None = None
     dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
@@ -100,6 +116,8 @@ def model_config_from_dict(
     num_heads = _required(raw, "num_attention_heads")
     head_dim = raw.get("head_dim") or hidden_size // num_heads
     rope_theta, rope_scaling = _rope(raw)
+    _refuse_biases(arch, raw)
+    num_layers = _required(raw, "num_hidden_layers")
     sliding_window = raw.get("sliding_window")
     if raw.get("use_sliding_window") is False:
         sliding_window = None  # Qwen2/3 carry a window size they do not use
@@ -108,7 +126,7 @@ def model_config_from_dict(
         vocab_size=_required(raw, "vocab_size"),
         hidden_size=hidden_size,
         intermediate_size=_required(raw, "intermediate_size"),
-        num_hidden_layers=_required(raw, "num_hidden_layers"),
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
         head_dim=head_dim,
@@ -120,12 +138,24 @@ def model_config_from_dict(
         qkv_bias=variant.get("qkv_bias", False) or bool(raw.get("attention_bias", False)),
         qk_norm=variant.get("qk_norm", False),
         mlp_bias=bool(raw.get("mlp_bias", False)),
-        sliding_window=sliding_window,
+        sliding_window=sliding_window or None,
+        rope_interleaved=variant.get("rope_interleaved", False),
+        moe=moe_config(arch, raw, num_layers),
         dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         eos_token_ids=_eos_ids(raw, generation or {}),
         bos_token_id=raw.get("bos_token_id"),
         **_quantization(raw),
     )
+
+
+def _refuse_biases(arch: str, raw: dict[str, Any]) -> None:
+    # ERNIE's use_bias puts a bias on every projection and the LM head; its released
+    # checkpoints have none, and the decoder here carries biases on q/k/v and the MLP only.
+    if raw.get("use_bias"):
+        raise ModelConfigError(
+            f"{arch} with use_bias=true (a bias on every projection) is not supported; the "
+            "released ERNIE 4.5 checkpoints set it to false"
+        )
 
 
 def _quantization(raw: dict[str, Any]) -> dict[str, str]:

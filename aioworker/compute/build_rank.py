@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -81,6 +81,7 @@ def build_rank(
     worker's --rank) sizes its share of the host's CPU threads; the offline engine passes none
     and keeps torch's default."""
     started = time.monotonic()
+    tp = replace(tp, expert_parallel_size=config.parallel.expert_parallel_size)
     model_dir = resolve_model_path(config.model.path, progress)
     cfg = load_model_config(model_dir)
     device = pick_device(config.device.kind, device_index)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from aioworker.compute.layers.linear_method import methods_in
 from aioworker.compute.layers.param_loading import loading_of
+from aioworker.compute.models.checkpoint_names import expert_tensor_name, resolve
 
 
 class WeightsError(ValueError):
@@ -72,6 +73,8 @@ def load_weights(
     tied = _tied_names(model)
     ignored = _IGNORED_SUFFIXES + tuple(getattr(model, "ignored_checkpoint_suffixes", ()))
     expected = {name for name in params if name not in tied}
+    # A layout the checkpoint stores differently (ERNIE's interleaved rotary pairs).
+    adapt = getattr(model, "adapt_checkpoint_tensor", None)
     loaded: set[str] = set()
     bar = tqdm(
         total=total, desc="loading weights", unit="tensor", disable=not progress, leave=False
@@ -80,7 +83,9 @@ def load_weights(
         bar.update(1)
         if name.endswith(ignored) or name in tied:
             continue
-        param_name, shard_id = _resolve(name, packed)
+        param_name, shard_id = resolve(name, packed)
+        if adapt is not None:
+            tensor = adapt(param_name, shard_id, tensor)
         if param_name not in params:
             raise WeightsError(
                 f"unexpected tensor {name!r} in the checkpoint: the model has no such parameter"
@@ -94,7 +99,7 @@ def load_weights(
             _load_one(params[filled], target, tensor, name, shard_id)
             loaded.add(filled if shard_id is None else f"{filled}#{shard_id}")
     bar.close()
-    _check_complete(expected, loaded, packed)
+    _check_complete(expected, loaded, packed, params)
 
 
 def _load_one(
@@ -121,13 +126,6 @@ def _default_loader(param: nn.Parameter, loaded: torch.Tensor, name: str) -> Non
     param.data.copy_(loaded)
 
 
-def _resolve(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:
-    for part, (merged, shard_id) in packed.items():
-        if f".{part}." in name:
-            return name.replace(f".{part}.", f".{merged}."), shard_id
-    return name, None
-
-
 def _tied_names(model: nn.Module) -> set[str]:
     """Names that alias another parameter (tied LM head): loading the original fills them."""
     first_name: dict[int, str] = {}
@@ -141,14 +139,25 @@ def _tied_names(model: nn.Module) -> set[str]:
 
 
 def _check_complete(
-    expected: set[str], loaded: set[str], packed: dict[str, tuple[str, int]]
+    expected: set[str],
+    loaded: set[str],
+    packed: dict[str, tuple[str, int]],
+    params: dict[str, nn.Parameter],
 ) -> None:
-    """Every parameter (every part of a merged one) must have been loaded; name what was not."""
+    """Every parameter (every part of a merged one, every expert this rank holds) must have
+    been loaded; name what was not."""
     parts_of: dict[str, list[tuple[str, int]]] = {}
     for part, (merged, shard_id) in packed.items():
         parts_of.setdefault(merged, []).append((part, shard_id))
     missing = []
     for name in sorted(expected):
+        shards = getattr(params[name], "expected_shards", None)
+        if shards is not None:  # stacked experts: loaded whole, or each of ours
+            if name not in loaded:
+                missing += [
+                    expert_tensor_name(name, s) for s in shards if f"{name}#{s}" not in loaded
+                ]
+            continue
         merged = next((m for m in parts_of if f".{m}." in name), None)
         if merged is None:
             missing += [] if name in loaded else [name]

@@ -23,6 +23,9 @@ class Shard:
 class TensorParallel:
     rank: int = 0
     size: int = 1
+    # MoE layers: 1 splits each expert across the group (as a dense MLP); the group's size gives
+    # each rank whole experts (layers/moe/experts.py).
+    expert_parallel_size: int = 1
 
     @property
     def is_driver(self) -> bool:
@@ -46,6 +49,14 @@ class TensorParallel:
         if self.size > 1:
             dist.all_reduce(x)
         return x
+
+    def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [size, ...]: slice r goes to rank r; returns what each rank sent here, by rank."""
+        if self.size == 1:
+            return x
+        received = torch.empty_like(x)
+        dist.all_to_all_single(received, x.contiguous())
+        return received
 
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate each rank's slice of the last dimension, on every rank."""

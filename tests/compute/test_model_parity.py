@@ -42,7 +42,20 @@ def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
     return output[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "ernie4_5",
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "ernie4_5_moe",
+    ],
+)
 def test_tiny_model_matches_transformers(arch: str, tmp_path) -> None:
     hf_model = build_tiny_model(arch, tmp_path)
     vocab_size = hf_model.config.vocab_size

@@ -154,7 +154,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(MethodLinear):
-    """y = x W^T with W's columns (input features) split; partial sums are all-reduced."""
+    """y = x W^T with W's columns (input features) split; partial sums are all-reduced (or, with
+    `reduce=False`, left to the caller, which takes the bias on too)."""
 
     def __init__(
         self,
@@ -164,9 +165,11 @@ class RowParallelLinear(MethodLinear):
         tp: TensorParallel,
         in_shard: Shard | None = None,
         linear_method: LinearMethod = UNQUANTIZED,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
         self.tp = tp
+        self.reduce = reduce
         self.in_features = in_features
         self.in_shard = in_shard or tp.partition(in_features, "input features")
         self.linear_method = linear_method
@@ -208,5 +211,7 @@ class RowParallelLinear(MethodLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias joins once, after the reduction, not once per rank.
+        if not self.reduce:
+            return self.matmul(x, self.bias if self.tp.rank == 0 else None)
         y = self.tp.all_reduce(self.matmul(x))
         return y if self.bias is None else y + self.bias

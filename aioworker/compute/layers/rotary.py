@@ -60,3 +60,13 @@ def apply_rotary(
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def deinterleave_heads(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A q or k projection's rows reordered within each head from interleaved pairs (2i, 2i+1),
+    which ERNIE rotates together, to the rotate-half layout's pairs (i, i + D/2). q and k move
+    alike, so their dot products, and attention, are unchanged, while every rotary kernel here
+    serves ERNIE as it is. `rows`: [H * head_dim, ...]."""
+    heads = rows.shape[0] // head_dim
+    split = rows.reshape(heads, head_dim // 2, 2, *rows.shape[1:])
+    return split.transpose(1, 2).reshape(rows.shape)

@@ -1,5 +1,7 @@
-"""One Llama-family decoder: Llama (incl. Llama-3 rope scaling), Mistral, Qwen2 (q/k/v bias) and
-Qwen3 (per-head q/k RMSNorm) are variants of the same blocks, chosen by ModelConfig flags.
+"""One Llama-family decoder: Llama (incl. Llama-3 rope scaling), Mistral, Qwen2 (q/k/v bias),
+Qwen3 (per-head q/k RMSNorm) and ERNIE 4.5 (interleaved rotary pairs) are variants of the same
+blocks, chosen by ModelConfig flags; their MoE kin (Qwen2-MoE, Qwen3-MoE, Mixtral, ERNIE 4.5 MoE)
+differ only in their feed-forward blocks (feed_forward.py).
 
 Tokens of all scheduled sequences are flattened into one batch: activations are [T, D].
 """
@@ -12,11 +14,12 @@ from torch import nn
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear, column_parallel
+from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear
 from aioworker.compute.layers.linear_method import DENSE, LinearMethods
 from aioworker.compute.layers.norm import RMSNorm
-from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
-from aioworker.compute.layers.rotary import RotaryEmbedding
+from aioworker.compute.layers.ops import add_rms_norm
+from aioworker.compute.layers.rotary import RotaryEmbedding, deinterleave_heads
+from aioworker.compute.models.feed_forward import feed_forward
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -61,26 +64,15 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, q_size))
 
 
-class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, methods: LinearMethods) -> None:
-        super().__init__()
-        size, method = cfg.intermediate_size, methods.projections
-        self.gate_up_proj = column_parallel(cfg.hidden_size, [size, size], cfg.mlp_bias, tp, method)
-        self.down_proj = RowParallelLinear(
-            size, cfg.hidden_size, cfg.mlp_bias, tp, linear_method=method
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
-
-
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, methods: LinearMethods) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_index: int, tp: TensorParallel, methods: LinearMethods
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, tp, methods)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, tp, methods)
+        self.mlp = feed_forward(cfg, layer_index, tp, methods)
 
     def forward(
         self,
@@ -105,7 +97,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_model_len, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, tp, methods) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, i, tp, methods) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -161,6 +153,18 @@ class LlamaForCausalLM(nn.Module):
         """token_ids, positions: [T] -> final hidden states [T, D] (after the first
         `num_layers` layers only, where given)."""
         return self.model(token_ids, positions, attn, num_layers)
+
+    def adapt_checkpoint_tensor(
+        self, param_name: str, shard_id: object, tensor: torch.Tensor
+    ) -> torch.Tensor:
+        """ERNIE's q and k rows (and their per-row scales) in the rotate-half layout."""
+        cfg = self.config
+        if not cfg.rope_interleaved or ".qkv_proj." not in param_name or shard_id not in (0, 1):
+            return tensor
+        heads = cfg.num_attention_heads if shard_id == 0 else cfg.num_key_value_heads
+        if tensor.shape[0] != heads * cfg.head_dim:
+            return tensor  # a scale per block of rows: the block spans the head's dimensions
+        return deinterleave_heads(tensor, cfg.head_dim)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)

@@ -12,6 +12,11 @@ MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,
+    "Qwen2MoeForCausalLM": _LLAMA,
+    "Qwen3MoeForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Ernie4_5ForCausalLM": _LLAMA,
+    "Ernie4_5_MoeForCausalLM": _LLAMA,
 }
 
 

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 
 
-def dequantized(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+def dequantized(
+    weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     """One expert's weight [N, K] in `dtype`, its per-row scale applied when it has one."""
     if scale is None:
         return weight.to(dtype)

@@ -1,0 +1,37 @@
+"""The gated feed-forward block, down(silu(gate(x)) * up(x)), split across tensor-parallel
+ranks: Llama-family MLPs, and the shared experts of MoE models."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aioworker.compute.layers.linear import RowParallelLinear, column_parallel
+from aioworker.compute.layers.linear_method import LinearMethod
+from aioworker.compute.layers.ops import silu_and_mul
+from aioworker.compute.parallel import TensorParallel
+
+
+class GatedMLP(nn.Module):
+    """`reduce=False` leaves the output as this rank's partial sum, for a caller that adds more
+    partial sums (the routed experts) before one all-reduce."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        tp: TensorParallel,
+        method: LinearMethod,
+        reduce: bool = True,
+    ) -> None:
+        super().__init__()
+        size = intermediate_size
+        self.gate_up_proj = column_parallel(hidden_size, [size, size], bias, tp, method)
+        self.down_proj = RowParallelLinear(
+            size, hidden_size, bias, tp, linear_method=method, reduce=reduce
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, D] -> [T, D]
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
