@@ -55,6 +55,8 @@ columns:
              none, cpu-packed, wint8, wint4, ...)
   WEIGHT_MIB MiB of weights the rank holds / MiB it reads per decode step (its own
              shard; quantized and packed copies, and a separate draft's, included)
+  EXPERTS    MoE models: the rank's experts (first-last) and its busiest expert's tokens
+             over its experts' mean since it started (x1.00 = even; - for a dense model)
   AGE_S      seconds since this rank's last beat arrived here
 
 --check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,

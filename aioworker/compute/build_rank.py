@@ -26,6 +26,7 @@ from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_b
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
+from aioworker.compute.layers.moe.load_meter import expert_load_meter
 from aioworker.compute.model_loading import build_model, fill_weights, linear_methods
 from aioworker.compute.parallel import SINGLE, TensorParallel, init_tensor_parallel
 from aioworker.compute.sampling.sampler import Sampler
@@ -133,6 +134,7 @@ def build_rank(
         quantization=summary.quantization,
         weight_bytes_held=summary.bytes_held,
         weight_bytes_read=summary.bytes_read,
+        expert_load=runner.expert_meter.read if runner.expert_meter is not None else None,
     )
     return executor, loaded
 
@@ -190,6 +192,9 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int, Weights
     else:
         runner, weights, num_blocks = _build_cpu_runner(model, draft, build)
     summary = summarize(runner.weight_models())
+    runner.expert_meter = expert_load_meter(model)
+    if runner.expert_meter is not None:
+        log.info("MoE layers: %s on this rank", runner.expert_meter.layout.describe())
     log.info(
         "linear layers: projections %s, LM head %s; %.1f MiB of weights held, %.1f MiB read "
         "per decode step", methods.projections.name, methods.lm_head.name,

@@ -122,6 +122,9 @@ class ExecutorThread:
         self._launched.put(_STOP)
 
     def _launch(self, plan: StepPlan) -> StepHandle:
+        meter = self.runner.expert_meter
+        if meter is not None and not plan.is_empty:
+            meter.on_launch()
         if self.governor is None or plan.is_empty:
             return self.runner.launch(plan)
         # On the CPU a launched step has finished: its time is the step's.

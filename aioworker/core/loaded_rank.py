@@ -3,10 +3,12 @@ tokenizer, the longest sequence, the KV cache's geometry, and what its weights a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aioworker.core.detokenizer import Decodes
+from aioworker.core.expert_load import ExpertLoad
 from aioworker.core.grammar import GrammarBackend
 
 
@@ -31,3 +33,5 @@ class LoadedRank:
     weight_bytes_read: int = 0
     # Compiles guided requests' grammars against the tokenizer (on the driver), else None.
     grammars: GrammarBackend | None = None
+    # MoE models: the latest reading of tokens routed to this rank's experts (any thread).
+    expert_load: Callable[[], ExpertLoad] | None = None

@@ -13,10 +13,11 @@ import zmq
 
 from aioworker.core.engine_core import EngineCore
 from aioworker.core.executor import Executor
+from aioworker.core.expert_load import ExpertLoad, summary
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.admin import AdminHandler
 from aioworker.runtime.group_control import GroupControl
-from aioworker.runtime.heartbeat import ServingInfo, weights_info
+from aioworker.runtime.heartbeat import ServingInfo, expert_info, expert_load_of, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.intake import RequestIntake
 from aioworker.runtime.lifecycle import FatalError
@@ -107,8 +108,9 @@ class Driver:
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group
             self.metrics = WorkerMetrics(
-                rank.group, port, runtime.host, self.serving_info, self.weights_per_rank()
-            )
+                rank.group, port, runtime.host, self.serving_info, self.weights_per_rank(),
+                self.expert_loads,
+            )  # fmt: skip
         requests = OpenRequests(self.core, self.results, rank.group, self.metrics)
         self.control = GroupControl(rank.lifecycle, self.core, requests)
         # A grammar compiled on its pool's thread: its request may run now.
@@ -166,6 +168,7 @@ class Driver:
                 kv_blocks_total=self.loaded.num_blocks,
                 max_model_len=self.loaded.max_model_len,
                 **weights_info(self.loaded),
+                **expert_info(self.loaded),
             )
         scheduler = self.core.scheduler
         blocks = scheduler.block_manager
@@ -182,6 +185,7 @@ class Driver:
             self.loaded.max_model_len,
             *((policy.num_proposed, policy.num_accepted, policy.num_verified) if policy else ()),
             **weights_info(self.loaded),
+            **expert_info(self.loaded),
         )
 
     def guided_status(self) -> dict[str, Any]:
@@ -205,6 +209,27 @@ class Driver:
         own = [(0, self.loaded)] if self.loaded is not None else []
         peers = sorted(self.peers.ready.items()) if self.peers is not None else []
         return [{"rank": rank, **weights_info(facts)} for rank, facts in own + peers]
+
+    def expert_loads(self) -> dict[int, ExpertLoad]:
+        """Each rank's latest expert load (MoE models): the driver's own, its peers' from their
+        last beats; empty for a dense model."""
+        if self.loaded is None or self.loaded.expert_load is None:
+            return {}
+        loads = {0: self.loaded.expert_load()}
+        if self.peers is not None and self.peers.liveness is not None:
+            beats = dict(self.peers.liveness.last_beats)  # one copy: the metrics thread reads too
+            loads |= {rank: expert_load_of(beat) for rank, beat in beats.items()}
+        return dict(sorted(loads.items()))
+
+    def expert_status(self) -> dict[str, Any]:
+        loads = self.expert_loads()
+        if not loads:
+            return {}
+        return {
+            "expert_layout": loads[0].layout,
+            "expert_parallel_size": self.config.parallel.expert_parallel_size,
+            "expert_load_per_rank": [{"rank": r, **summary(load)} for r, load in loads.items()],
+        }
 
     def _on_client_gone(self, client) -> None:
         reason = "the client is gone, or has read none of its outputs for a long time"
@@ -299,5 +324,6 @@ class Driver:
             "last_weights_update_s": self.weights.last_update_s if self.weights else None,
             "weights_per_rank": self.weights_per_rank(),
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
+            **self.expert_status(),
             "model": str(self.loaded.model_dir) if self.loaded else None,
         }

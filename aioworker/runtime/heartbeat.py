@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
+from aioworker.core.expert_load import ExpertLoad
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
@@ -44,6 +45,34 @@ class ServingInfo(NamedTuple):
     quantization: str = ""
     weight_bytes_held: int = 0
     weight_bytes_read: int = 0
+    # MoE models (every rank): its experts and the tokens routed to each (core/expert_load.py).
+    expert_layout: str = ""
+    expert_first: int = 0
+    expert_tokens: tuple[int, ...] = ()
+    expert_steps: int = 0
+    expert_layers: int = 0
+
+
+def expert_info(loaded: LoadedRank | None) -> dict[str, Any]:
+    """The fields of a rank's expert load, as ServingInfo and Heartbeat name them (none for a
+    dense model)."""
+    if loaded is None or loaded.expert_load is None:
+        return {}
+    load = loaded.expert_load()
+    return {
+        "expert_layout": load.layout,
+        "expert_first": load.first_expert,
+        "expert_tokens": load.tokens,
+        "expert_steps": load.num_steps,
+        "expert_layers": load.num_layers,
+    }
+
+
+def expert_load_of(beat: Heartbeat | ServingInfo) -> ExpertLoad:
+    return ExpertLoad(
+        beat.expert_layout, beat.expert_first, tuple(beat.expert_tokens), beat.expert_steps,
+        beat.expert_layers,
+    )  # fmt: skip
 
 
 def weights_info(loaded: LoadedRank | PeerReady | None) -> dict[str, Any]:
@@ -106,6 +135,11 @@ class HeartbeatSource:
             quantization=info.quantization,
             weight_bytes_held=info.weight_bytes_held,
             weight_bytes_read=info.weight_bytes_read,
+            expert_layout=info.expert_layout,
+            expert_first=info.expert_first,
+            expert_tokens=list(info.expert_tokens),
+            expert_steps=info.expert_steps,
+            expert_layers=info.expert_layers,
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

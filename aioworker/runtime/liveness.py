@@ -14,7 +14,7 @@ from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
-from aioworker.wire.protocol import HEARTBEAT_DECODER, ProtocolError
+from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class LivenessWatch:
         # Until a rank's first beat, allow for its process to start.
         self.deadlines = {rank: started + first_beat_grace_s for rank in ranks}
         self.states: dict[int, str] = {}
+        # Each watched rank's latest beat (its expert load is read from there).
+        self.last_beats: dict[int, Heartbeat] = {}
 
     async def run(self) -> None:
         """Returns never; raises FatalError(PEER_LOST) when a watched rank is lost."""
@@ -85,3 +87,4 @@ class LivenessWatch:
                     time.monotonic() + STALE_AFTER_INTERVALS * beat.interval_s
                 )
                 self.states[beat.rank] = beat.state
+                self.last_beats[beat.rank] = beat

@@ -15,7 +15,7 @@ from aioworker.core.executor import Executor
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.plan import StepPlan
 from aioworker.core.weights_phase import WeightsPhase
-from aioworker.runtime.heartbeat import ServingInfo, weights_info
+from aioworker.runtime.heartbeat import ServingInfo, expert_info, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
@@ -85,6 +85,7 @@ class Peer:
             kv_blocks_total=total,
             weights_version=self.weights_version,
             **weights_info(self.loaded),
+            **expert_info(self.loaded),
         )
 
     def on_stop_signal(self) -> None:

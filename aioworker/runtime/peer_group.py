@@ -49,6 +49,7 @@ class PeerGroup:
         # Each peer's PeerReady, by rank: its KV blocks and what its weights amount to.
         self.ready: dict[int, PeerReady] = {}
         self.control = self.acks = None
+        self.liveness: LivenessWatch | None = None
         if self.size > 1:
             self._bind(rank)
 

@@ -9,6 +9,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aioworker.core.expert_load import ExpertLoad, imbalance, tokens_per_step
 from aioworker.wire.protocol import Heartbeat
 
 
@@ -44,7 +45,7 @@ STALE = "STALE"
 
 COLUMNS = (
     "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "CACHED", "HIT%", "TOK/S",
-    "ACC%", "ACC_LEN", "WEIGHTS", "QUANT", "WEIGHT_MIB", "PID",
+    "ACC%", "ACC_LEN", "WEIGHTS", "QUANT", "WEIGHT_MIB", "EXPERTS", "PID",
     "AGE_S", "DETAIL",
 )  # fmt: skip
 
@@ -151,6 +152,7 @@ def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
         str(beat.weights_version),
         beat.quantization or "-",
         weight_mib(beat),
+        experts_cell(beat),
         str(beat.pid),
         f"{now - seen.received_at:.1f}",
         beat.detail,
@@ -162,6 +164,19 @@ def weight_mib(beat: Heartbeat) -> str:
     if not beat.weight_bytes_held:
         return "-"
     return f"{format_mib(beat.weight_bytes_held)}/{format_mib(beat.weight_bytes_read)}"
+
+
+def experts_cell(beat: Heartbeat) -> str:
+    """MoE models: the rank's experts and its busiest one's load over the mean since it
+    started ('0-63 x1.31'); '-' for a dense model."""
+    if not beat.expert_tokens:
+        return "-"
+    load = ExpertLoad(
+        beat.expert_layout, beat.expert_first, tuple(beat.expert_tokens), beat.expert_steps,
+        beat.expert_layers,
+    )  # fmt: skip
+    last = beat.expert_first + len(beat.expert_tokens) - 1
+    return f"{beat.expert_first}-{last} x{imbalance(tokens_per_step(load)):.2f}"
 
 
 def format_mib(num_bytes: int) -> str:

@@ -216,6 +216,14 @@ class Heartbeat(_Message, tag="heartbeat"):
     quantization: str = ""
     weight_bytes_held: int = 0
     weight_bytes_read: int = 0
+    # MoE models (every rank): its experts ("experts 0-63 of 128 (expert parallel)"), the first
+    # one's index, tokens routed to each since it started (summed over its MoE layers), and the
+    # steps and MoE layers those counts cover: core/expert_load.py reads them.
+    expert_layout: str = ""
+    expert_first: int = 0
+    expert_tokens: list[int] = []
+    expert_steps: int = 0
+    expert_layers: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float:

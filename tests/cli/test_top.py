@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import msgspec
+
 from aioworker.cli.top import beat_json
 from aioworker.wire.health import (
     COLUMNS,
@@ -96,8 +98,19 @@ def test_table_row_shows_every_field() -> None:
     row = table_row((1, 2), seen(0.5), NOW)
     assert row == (
         "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "-", "-", "2",
-        "wint4", "118/96", "42", "0.5", "",
+        "wint4", "118/96", "-", "42", "0.5", "",
     )  # fmt: skip
+
+
+def test_an_moe_ranks_row_shows_its_experts_and_their_imbalance() -> None:
+    # Experts 4-7; 2 steps through 3 MoE layers: 6, 6, 6, 18 tokens -> 1, 1, 1, 3 per step
+    # per layer; the busiest over the mean (1.5) is 2.
+    beat = msgspec.structs.replace(
+        seen(0.5).beat, expert_layout="experts 4-7 of 8 (expert parallel)", expert_first=4,
+        expert_tokens=[6, 6, 6, 18], expert_steps=2, expert_layers=3,
+    )  # fmt: skip
+    row = table_row((0, 1), Seen(beat, NOW - 0.5), NOW)
+    assert row[COLUMNS.index("EXPERTS")] == "4-7 x2.00"
     assert len(row) == len(COLUMNS)
     speculating = seen(0.5, spec_draft_tokens=40, spec_accepted_tokens=30, spec_verified=10)
     assert table_row((1, 2), speculating, NOW)[10:12] == ("75.0", "4.00")

@@ -69,6 +69,10 @@ class FusedExperts(nn.Module):
         self.layout = layout = expert_layout(num_experts, intermediate_size, tp)
         num_local, local_size = layout.experts.size, layout.intermediate.size
         self.linear_method = ExpertsMethod()
+        # Tokens routed to each of this rank's experts, counted on the device (load_meter.py).
+        self.register_buffer(
+            "routed_tokens", torch.zeros(num_local, dtype=torch.int64), persistent=False
+        )
         shapes = {
             "w13": (num_local, 2 * local_size, hidden_size),
             "w2": (num_local, hidden_size, local_size),
@@ -159,6 +163,8 @@ class FusedExperts(nn.Module):
         self, x: torch.Tensor, local_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         """The products by this rank's experts; ids index them locally, -1 skips a choice."""
+        ids = local_ids.reshape(-1).long()
+        self.routed_tokens.index_add_(0, ids.clamp_min(0), (ids >= 0).long())
         if x.is_cuda:
             from aioworker.compute.layers.moe.triton_experts import fused_experts as multiply
         else:
