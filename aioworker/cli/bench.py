@@ -9,7 +9,7 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
-GPU_WORKLOADS = ("w1", "w4", "w5", "w6", "w7", "w8")
+GPU_WORKLOADS = ("w1", "w4", "w5", "w6", "w7", "w8", "moe")
 WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
@@ -19,7 +19,9 @@ WORKLOAD_HELP = (
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
     "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
-    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); "
+    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); moe: the fused expert kernel against the "
+    "per-expert loop, batch-1 decode beside its floor on the Qwen3-30B-A3B and ERNIE-4.5-21B-A3B "
+    "shapes, and W1 on Qwen3-30B-A3B beside dense Qwen3-8B (GPU); "
     "guided: a 10-field JSON schema against the same requests unguided, per-step time and "
     "compile times (batch 8 on the CPU; 1 and 64 on a GPU, where --set model.path gives a "
     "directory with config.json and tokenizer.json, and model.load_format=dummy)"
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> int:
-    from aioworker.bench import gpu, gpu_quant, gpu_run
+    from aioworker.bench import gpu, gpu_moe, gpu_quant, gpu_run
     from aioworker.bench.report import append_to_doc
 
     limits = gpu.measure_limits()
@@ -83,6 +85,7 @@ def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> i
         "w6": lambda: gpu_run.run_w6(limits),
         "w7": lambda: gpu_run.run_w7(limits),
         "w8": lambda: gpu_quant.run(limits),
+        "moe": lambda: gpu_moe.run(limits),
     }
     for name in workloads:
         table, notes = runners[name]()

@@ -62,7 +62,7 @@ def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
 NEAR_TIE = 1e-2
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe", "ernie4_5_moe"])
 def test_bf16_parity_with_transformers(arch: str, tmp_path) -> None:
     """Greedy tokens equal transformers' for 32 steps; where the reference itself had a near-tie,
     the check continues with the reference's tokens as context (teacher forcing), so every one

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from aioworker.compute.layers.moe.reference import reference_experts
 from aioworker.compute.layers.moe.storage import ExpertStorage
 from aioworker.compute.layers.param_loading import ParamLoading
 from aioworker.compute.parallel import Shard, TensorParallel
@@ -163,21 +164,14 @@ class FusedExperts(nn.Module):
         self, x: torch.Tensor, local_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         """The products by this rank's experts; ids index them locally, -1 skips a choice."""
+        args = (x, self.w13_weight, self.w2_weight, local_ids, topk_weights)
+        if x.is_cuda:  # the fused kernels count the choices as they group them
+            from aioworker.compute.layers.moe.triton_experts import fused_experts
+
+            return fused_experts(*args, self.w13_scale, self.w2_scale, self.routed_tokens)
         ids = local_ids.reshape(-1).long()
         self.routed_tokens.index_add_(0, ids.clamp_min(0), (ids >= 0).long())
-        if x.is_cuda:
-            from aioworker.compute.layers.moe.triton_experts import fused_experts as multiply
-        else:
-            from aioworker.compute.layers.moe.reference import reference_experts as multiply
-        return multiply(
-            x,
-            self.w13_weight,
-            self.w2_weight,
-            local_ids,
-            topk_weights,
-            self.w13_scale,
-            self.w2_scale,
-        )
+        return reference_experts(*args, self.w13_scale, self.w2_scale)
 
 
 def _check_shape(loaded: torch.Tensor, expected: tuple[int, ...], name: str) -> None:

@@ -50,4 +50,8 @@ class Router(nn.Module):
             logits = F.linear(x.float(), self.weight.float())
         else:
             logits = F.linear(x, self.weight)
+        if logits.is_cuda:
+            from aioworker.compute.layers.moe.routing_kernel import route_fused
+
+            return route_fused(logits, self.moe, self.e_score_correction_bias)
         return route(logits, self.moe, self.e_score_correction_bias)

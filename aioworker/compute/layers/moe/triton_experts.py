@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.moe.align import align_by_expert
+from aioworker.compute.layers.moe.align_kernel import align_by_expert_fused
 
 
 class BlockSizes(NamedTuple):
@@ -25,6 +25,7 @@ class BlockSizes(NamedTuple):
     block_n: int
     block_k: int
     num_warps: int
+    num_stages: int = 3
 
 
 def block_sizes(num_choices: int, num_experts: int, dtype: torch.dtype) -> BlockSizes:
@@ -173,9 +174,11 @@ def fused_experts(
     topk_weights: torch.Tensor,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    expert_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reference_experts' result (reference.py gives the shapes), with no host synchronisation:
-    every size follows from the shapes, so a CUDA graph can capture it."""
+    every size follows from the shapes, so a CUDA graph can capture it. `expert_counts` [E]
+    int64, where given, gets each expert's choices added (the rank's expert load)."""
     _check_scales(w13, w13_scale, "w13")
     _check_scales(w2, w2_scale, "w2")
     num_tokens, top_k = topk_ids.shape
@@ -185,7 +188,8 @@ def fused_experts(
     num_experts = w13.shape[0]
     tiles = block_sizes(num_tokens * top_k, num_experts, x.dtype)
     topk_ids = topk_ids.contiguous()
-    grouping = _Grouping(*align_by_expert(topk_ids, num_experts, tiles.block_m), tiles)
+    aligned = align_by_expert_fused(topk_ids, num_experts, tiles.block_m, expert_counts)
+    grouping = _Grouping(*aligned, tiles)
     hidden = _gate_up(x.contiguous(), w13, w13_scale, grouping, top_k)  # [rows, I]
     routing = topk_weights.reshape(-1).to(torch.float32)  # [T * K]
     y = _down(hidden, w2, w2_scale, routing, grouping)  # [T * K, D] float32
@@ -232,7 +236,7 @@ def _gate_up(
         x.shape[0] * top_k, top_k, x.shape[1], inter_size,
         IS_QUANTIZED=w13_scale is not None, DOT_IN_FLOAT32=_dot_in_float32(x),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return hidden
 
@@ -261,7 +265,7 @@ def _down(
         num_choices, hidden_size, inter_size,
         IS_QUANTIZED=w2_scale is not None, DOT_IN_FLOAT32=_dot_in_float32(hidden),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return y
 
