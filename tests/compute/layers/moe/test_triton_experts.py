@@ -136,9 +136,9 @@ def test_block_sizes_grow_with_the_rows_an_expert_gets() -> None:
     def block_m(num_tokens: int) -> int:
         return block_sizes(num_tokens * 8, num_experts=128, dtype=torch.bfloat16).block_m
 
-    assert block_m(1) == block_m(256) == 16  # decode steps
-    assert block_m(512) == 32
-    assert block_m(1024) == block_m(4096) == 64  # prefill
+    assert block_m(1) == block_m(64) == 16  # decode steps
+    assert block_m(256) == block_m(512) == 32
+    assert block_m(1024) == block_m(4096) == 128  # prefill
     bf16, fp32 = (block_sizes(4096 * 8, 128, dtype) for dtype in (torch.bfloat16, torch.float32))
     assert fp32.block_k * 4 == bf16.block_k * 2  # the same shared memory a stage
 
