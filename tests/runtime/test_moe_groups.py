@@ -99,6 +99,7 @@ def test_two_ranks_equal_one(moe_model, expert_parallel: int) -> None:
         assert rank["imbalance"] >= 1.0
 
 
+@pytest.mark.parametrize("moe_model", ["ernie4_5_moe"], indirect=True)
 def test_a_lost_rank_of_an_expert_parallel_group_is_noticed_within_3_beats(moe_model) -> None:
     path, prompts, params, expected = moe_model
     config, set_args = deployment(
