@@ -24,9 +24,10 @@ WORKLOAD_HELP = (
     "shapes, and W1 on Qwen3-30B-A3B beside dense Qwen3-8B (GPU); "
     "guided: a 10-field JSON schema against the same requests unguided, per-step time and "
     "compile times (batch 8 on the CPU; 1 and 64 on a GPU, where --set model.path gives a "
-    "directory with config.json and tokenizer.json, and model.load_format=dummy)"
+    "directory with config.json and tokenizer.json, and model.load_format=dummy); ep: a MoE "
+    "model's experts split across two CPU ranks both ways (expert_parallel_size 1 and 2)"
 )
-ALONE = ("control", "api", "chat", "serve", "spec", "quant", "guided")
+ALONE = ("control", "api", "chat", "serve", "spec", "quant", "guided", "ep")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
         return run_quant(args)
     if args.workload == ["guided"]:
         return run_guided(args)
+    if args.workload == ["ep"]:
+        return run_expert_parallel(args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail("run --workload control, api, chat, serve, spec, quant or guided on its own")
+        return fail(
+            "run --workload control, api, chat, serve, spec, quant, guided or ep on its own"
+        )
     return run_offline(args)
 
 
@@ -92,6 +97,17 @@ def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> i
         print(table, notes, sep="\n", flush=True)
         if record:
             append_to_doc(record, f"GPU workload {name.upper()}", table, notes)
+    return 0
+
+
+def run_expert_parallel(args: argparse.Namespace) -> int:
+    from aioworker.bench import moe_parallel
+    from aioworker.bench.report import append_to_doc
+
+    table, notes = moe_parallel.run()
+    print(table, notes, sep="\n")
+    if args.record:
+        append_to_doc(args.record, "MoE experts across two CPU ranks (ep)", table, notes)
     return 0
 
 

@@ -116,6 +116,9 @@ def build_rank(
         )
         runner, weights, num_blocks, summary = executor.call(lambda: _build_runner(build)).result()
         executor.install(runner, weights)
+        executor.expert_meter = expert_load_meter(runner.model)
+        if executor.expert_meter is not None:
+            log.info("MoE layers: %s on this rank", executor.expert_meter.layout.describe())
     except BaseException:
         executor.shutdown()
         raise
@@ -134,7 +137,7 @@ def build_rank(
         quantization=summary.quantization,
         weight_bytes_held=summary.bytes_held,
         weight_bytes_read=summary.bytes_read,
-        expert_load=runner.expert_meter.read if runner.expert_meter is not None else None,
+        expert_load=executor.expert_meter.read if executor.expert_meter is not None else None,
     )
     return executor, loaded
 
@@ -192,9 +195,6 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int, Weights
     else:
         runner, weights, num_blocks = _build_cpu_runner(model, draft, build)
     summary = summarize(runner.weight_models())
-    runner.expert_meter = expert_load_meter(model)
-    if runner.expert_meter is not None:
-        log.info("MoE layers: %s on this rank", runner.expert_meter.layout.describe())
     log.info(
         "linear layers: projections %s, LM head %s; %.1f MiB of weights held, %.1f MiB read "
         "per decode step", methods.projections.name, methods.lm_head.name,

@@ -24,6 +24,7 @@ from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
+    from aioworker.compute.layers.moe.load_meter import ExpertLoadMeter
     from aioworker.compute.step.runner import ModelRunner, StepHandle
     from aioworker.compute.thread_governor import ThreadGovernor
     from aioworker.compute.weights.rank_weights import RankWeights
@@ -45,6 +46,8 @@ class ExecutorThread:
         self.governor = governor
         self.runner: ModelRunner | None = None  # both given by install()
         self.weights: RankWeights | None = None
+        # MoE models: reads the expert load off the device between steps (set by build_rank).
+        self.expert_meter: ExpertLoadMeter | None = None
         # The CUDA stream the thread runs steps on (None on the CPU).
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -122,9 +125,8 @@ class ExecutorThread:
         self._launched.put(_STOP)
 
     def _launch(self, plan: StepPlan) -> StepHandle:
-        meter = self.runner.expert_meter
-        if meter is not None and not plan.is_empty:
-            meter.on_launch()
+        if self.expert_meter is not None and not plan.is_empty:
+            self.expert_meter.on_launch()
         if self.governor is None or plan.is_empty:
             return self.runner.launch(plan)
         # On the CPU a launched step has finished: its time is the step's.

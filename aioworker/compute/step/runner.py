@@ -24,7 +24,6 @@ import torch
 
 from aioworker.compute.layers.attention import AttentionBackend, AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
-from aioworker.compute.layers.moe.load_meter import ExpertLoadMeter
 from aioworker.compute.parallel import TensorParallel
 from aioworker.compute.sampling.controls import SamplingControls, StepControls
 from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans, score_prompts
@@ -150,8 +149,6 @@ class ModelRunner:
         models/separate_draft.py), else None."""
         self.model = model
         self.draft = draft
-        # Tokens per expert, read off the device now and then (MoE models; set by build_rank).
-        self.expert_meter: ExpertLoadMeter | None = None
         self.backend = backend
         self.sampler = sampler
         self.device = device
