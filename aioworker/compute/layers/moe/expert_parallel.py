@@ -44,12 +44,8 @@ def through_owners(
     is_owned = (owner.unsqueeze(0) == ranks) & (ids_mine.unsqueeze(0) >= 0)  # [N, P, K]
     local_ids = torch.where(is_owned, ids_mine.unsqueeze(0) - starts.view(-1, 1, 1), -1)
     send_x = torch.where(is_owned.any(-1, keepdim=True), x_mine.unsqueeze(0), 0.0)  # [N, P, D]
-    send_w = torch.where(is_owned, weights_mine.unsqueeze(0), 0.0)
-    got_x, got_ids, got_w = (
-        tp.all_to_all(send_x),
-        tp.all_to_all(local_ids.to(torch.int32)),
-        tp.all_to_all(send_w),
-    )
+    send_w = torch.where(is_owned, weights_mine.unsqueeze(0), 0.0).to(torch.float32)
+    got_x, got_ids, got_w = _exchange(tp, send_x, local_ids.to(torch.int32), send_w)
     rows = got_x.reshape(-1, x.shape[1])
     products = experts.multiply(
         rows, got_ids.reshape(rows.shape[0], -1), got_w.reshape(rows.shape[0], -1)
@@ -58,6 +54,21 @@ def through_owners(
     out = torch.zeros_like(x)
     out[mine] = returned.sum(0, dtype=torch.float32).to(x.dtype)[: last - first]
     return out
+
+
+def _exchange(
+    tp, rows: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One all_to_all for the rows, their ids and their weights: the int32 ids and float32
+    weights ride as raw bits in extra columns of the rows' dtype: at decode sizes a
+    collective's latency, not its bytes, is what a step pays (docs/benchmarks.md, ep)."""
+    width = rows.shape[-1]
+    packed = torch.cat([rows, ids.view(rows.dtype), weights.view(rows.dtype)], dim=-1)
+    got = tp.all_to_all(packed)
+    num_id_columns = ids.view(rows.dtype).shape[-1]
+    got_ids = got[..., width : width + num_id_columns].contiguous().view(torch.int32)
+    got_weights = got[..., width + num_id_columns :].contiguous().view(torch.float32)
+    return got[..., :width], got_ids, got_weights
 
 
 def _padded(rows: torch.Tensor, length: int, value: float) -> torch.Tensor:
