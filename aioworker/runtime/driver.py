@@ -17,7 +17,7 @@ from aioworker.core.expert_load import ExpertLoad, summary
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.admin import AdminHandler
 from aioworker.runtime.group_control import GroupControl
-from aioworker.runtime.heartbeat import ServingInfo, expert_info, expert_load_of, weights_info
+from aioworker.runtime.heartbeat import ServingInfo, expert_info, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.intake import RequestIntake
 from aioworker.runtime.lifecycle import FatalError
@@ -32,7 +32,7 @@ from aioworker.runtime.state import ExitCode
 from aioworker.runtime.stats import RecentMean
 from aioworker.runtime.weights import WeightsCoordinator
 from aioworker.wire.drops import DropCounter
-from aioworker.wire.health import RankState
+from aioworker.wire.health import RankState, beat_expert_load
 from aioworker.wire.security import Role
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class Driver:
         loads = {0: self.loaded.expert_load()}
         if self.peers is not None and self.peers.liveness is not None:
             beats = dict(self.peers.liveness.last_beats)  # one copy: the metrics thread reads too
-            loads |= {rank: expert_load_of(beat) for rank, beat in beats.items()}
+            loads |= {rank: beat_expert_load(beat) for rank, beat in beats.items()}
         return dict(sorted(loads.items()))
 
     def expert_status(self) -> dict[str, Any]:

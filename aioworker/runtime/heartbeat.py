@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from aioworker.core.expert_load import ExpertLoad
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
@@ -66,13 +65,6 @@ def expert_info(loaded: LoadedRank | None) -> dict[str, Any]:
         "expert_steps": load.num_steps,
         "expert_layers": load.num_layers,
     }
-
-
-def expert_load_of(beat: Heartbeat | ServingInfo) -> ExpertLoad:
-    return ExpertLoad(
-        beat.expert_layout, beat.expert_first, tuple(beat.expert_tokens), beat.expert_steps,
-        beat.expert_layers,
-    )  # fmt: skip
 
 
 def weights_info(loaded: LoadedRank | PeerReady | None) -> dict[str, Any]:

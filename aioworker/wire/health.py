@@ -166,15 +166,20 @@ def weight_mib(beat: Heartbeat) -> str:
     return f"{format_mib(beat.weight_bytes_held)}/{format_mib(beat.weight_bytes_read)}"
 
 
+def beat_expert_load(beat: Heartbeat) -> ExpertLoad:
+    """The expert load a rank's beat carries (empty for a dense model)."""
+    return ExpertLoad(
+        beat.expert_layout, beat.expert_first, tuple(beat.expert_tokens), beat.expert_steps,
+        beat.expert_layers,
+    )  # fmt: skip
+
+
 def experts_cell(beat: Heartbeat) -> str:
     """MoE models: the rank's experts and its busiest one's load over the mean since it
     started ('0-63 x1.31'); '-' for a dense model."""
     if not beat.expert_tokens:
         return "-"
-    load = ExpertLoad(
-        beat.expert_layout, beat.expert_first, tuple(beat.expert_tokens), beat.expert_steps,
-        beat.expert_layers,
-    )  # fmt: skip
+    load = beat_expert_load(beat)
     last = beat.expert_first + len(beat.expert_tokens) - 1
     return f"{beat.expert_first}-{last} x{imbalance(tokens_per_step(load)):.2f}"
 
