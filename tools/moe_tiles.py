@@ -1,7 +1,7 @@
 """Time the fused experts (grouping, both grouped GEMMs and the combine, replayed from a CUDA
 graph as a decode step runs them) for tile choices at decode and prefill token counts, on one
 Qwen3-30B-A3B layer's experts; prints a table per token count. GPU only:
-`python tools/moe_tiles.py`. What it found chose moe/triton_experts.py's block_sizes."""
+`python tools/moe_tiles.py` (`--formats`: the chosen tiles with bf16, int8 and fp8 experts). What it found chose moe/triton_experts.py's block_sizes."""
 
 from __future__ import annotations
 
@@ -63,6 +63,30 @@ def graph_ms(fn, repeats: int = 50) -> float:
     return start.elapsed_time(end) / repeats
 
 
+def formats(w13: torch.Tensor, w2: torch.Tensor, moe, h: int) -> None:
+    """The chosen tiles with the experts in bf16, int8 and fp8 (per-channel scales)."""
+    from aioworker.compute.layers.moe.storage import FORMATS, ExpertStorage
+
+    stored = {"bf16": (w13, w2, None, None)}
+    for name in ("wint8", "fp8"):
+        storage = ExpertStorage(FORMATS[name])
+        (q13, s13), (q2, s2) = storage.quantize(w13), storage.quantize(w2)
+        stored[name] = (q13, q2, s13, s2)
+    print("\n| tokens | experts | graph ms |")
+    print("| --- | --- | --- |")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for tokens in (1, 64, 256, 4096):
+        x = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+        weights, ids = route(torch.randn(tokens, moe.num_experts, device="cuda", generator=g), moe)
+        for name, (a, b, sa, sb) in stored.items():
+            ms = graph_ms(
+                lambda x=x, a=a, b=b, sa=sa, sb=sb, ids=ids, weights=weights: fused_experts(
+                    x, a, b, ids, weights, sa, sb
+                )
+            )
+            print(f"| {tokens} | {name} | {ms:.4f} |", flush=True)
+
+
 def main() -> int:
     cfg = load_model_config("configs/models/qwen3-30b-a3b")
     moe, h = cfg.moe, cfg.hidden_size
@@ -75,6 +99,9 @@ def main() -> int:
         torch.randn(moe.num_experts, h, moe.intermediate_size, device="cuda", generator=g) * 0.02
     ).bfloat16()
     expert_bytes = 3 * h * moe.intermediate_size * 2
+    if "--formats" in sys.argv:
+        formats(w13, w2, moe, h)
+        return 0
     print("| tokens | tiles (m, n, k, warps, stages) | graph ms | TB/s of experts read |")
     print("| --- | --- | --- | --- |")
     for tokens, kind in TOKENS.items():
