@@ -1,16 +1,20 @@
 """MoE models across a tensor-parallel group of two processes (gloo): experts split like a
 dense MLP (expert_parallel_size 1) and whole experts per rank, tokens sent to them by
-all_to_all (expert_parallel_size 2), each equal to one rank under concurrent requests; a lost
-rank of an expert-parallel group is noticed as in any group."""
+all_to_all (expert_parallel_size 2), each equal to one rank under concurrent requests; an
+expert-parallel group's weights updates and memory release reach every rank's experts, and a
+lost rank is noticed as in any group."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.state import ExitCode
@@ -99,15 +103,41 @@ def test_two_ranks_equal_one(moe_model, expert_parallel: int) -> None:
         assert rank["imbalance"] >= 1.0
 
 
+def scaled_experts(path: Path, into: Path) -> Path:
+    """The checkpoint with every routed expert's weights tripled."""
+    tensors = load_file(str(path / "model.safetensors"))
+    into.mkdir()
+    shutil.copy(path / "config.json", into)
+    save_file(
+        {n: t * 3 if ".experts." in n else t for n, t in tensors.items()},
+        str(into / "model.safetensors"),
+    )
+    return into
+
+
 @pytest.mark.parametrize("moe_model", ["ernie4_5_moe"], indirect=True)
-def test_a_lost_rank_of_an_expert_parallel_group_is_noticed_within_3_beats(moe_model) -> None:
+def test_an_expert_parallel_group_updates_releases_and_notices_a_lost_rank(
+    moe_model, tmp_path
+) -> None:
+    """Each rank loads its own experts from an update (the other rank's are not its concern),
+    and releases and restores them; then a lost rank is noticed within 3 beats, as in any group."""
     path, prompts, params, expected = moe_model
     config, set_args = deployment(
         **{"model.path": str(path), **SETTINGS, "runtime.log_format": "json"},
         **{"parallel.tensor_parallel_size": 2, "parallel.expert_parallel_size": 2},
     )
+    greedy = [p for p, s in zip(prompts, params, strict=True) if s.temperature == 0][:2]
+    greedy_params = [s for s in params if s.temperature == 0][:2]
+    want = [t for t, s in zip(expected, params, strict=True) if s.temperature == 0][:2]
     with running(config, set_args) as (driver, peer):
-        assert asyncio.run(generate_concurrently(config, prompts[:2], params[:2])) == expected[:2]
+        assert admin(
+            config, "update-weights", str(scaled_experts(path, tmp_path / "new")), timeout=60
+        ).ok
+        assert asyncio.run(generate_concurrently(config, greedy, greedy_params)) != want
+        assert admin(config, "update-weights", str(path), timeout=60).ok
+        assert admin(config, "release-memory", timeout=60).ok
+        assert admin(config, "resume-memory", timeout=60).ok
+        assert asyncio.run(generate_concurrently(config, greedy, greedy_params)) == want
         time.sleep(2 * config.runtime.heartbeat_interval_s)
         kill(peer, signal.SIGKILL)
         lost_at = time.time()
