@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from aioworker.bench.gpu_spec import replay_ms
 from aioworker.checkpoint.model_config import load_model_config
 from aioworker.compute.layers.moe import triton_experts
 from aioworker.compute.layers.moe.routing import route
@@ -43,24 +44,17 @@ TILES = {
 TOKENS = {1: "decode", 8: "decode", 32: "decode", 64: "middle", 256: "middle", 4096: "prefill"}
 
 
-def graph_ms(fn, repeats: int = 50) -> float:
+def graph_ms(fn) -> float:
+    """Mean device time of `fn` captured once in a CUDA graph and replayed."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()
+        fn()  # compiles the kernels outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+    return replay_ms(graph, 50)
 
 
 def formats(w13: torch.Tensor, w2: torch.Tensor, moe, h: int) -> None:

@@ -82,8 +82,8 @@ def verify_cost() -> tuple[str, str]:
     runner = engine.executor.runner
     # The graphs of batch 1 replayed as the last step left their inputs (a ~1,150-token
     # context): the device's time alone, without the host's between steps.
-    decode_device_ms = _replay_ms(runner.graphs.graphs[1])
-    verify_device_ms = _replay_ms(runner.verify_graphs.graphs[1])
+    decode_device_ms = replay_ms(runner.graphs.graphs[1])
+    verify_device_ms = replay_ms(runner.verify_graphs.graphs[1])
     gpu.free(engine)
     verify_step_ms = spec_ms * per_step
     _VERIFY_STEP_MS["ms"] = verify_step_ms
@@ -213,10 +213,10 @@ def _gpu_ms(call, repeats: int = 20, replays: int = 20) -> float:
     with torch.cuda.graph(graph):
         for _ in range(repeats):
             call()
-    return _replay_ms(graph, replays) / repeats
+    return replay_ms(graph, replays) / repeats
 
 
-def _replay_ms(graph, replays: int = 20) -> float:
+def replay_ms(graph, replays: int = 20) -> float:
     """Mean device time of a captured graph's replay."""
     import torch
 
