@@ -187,11 +187,12 @@ def report_error(result: GroupReply) -> None:
 
 def format_status(group: int, data: dict[str, Any]) -> str:
     """`group G` then one aligned `key  value` line per field of the status reply (a line per
-    rank for `weights_per_rank`)."""
+    rank for `weights_per_rank` and `expert_load_per_rank`)."""
     width = max((len(key) for key in data), default=0)
     lines = [f"group {group}"]
+    per_rank = {"weights_per_rank": format_weights, "expert_load_per_rank": format_expert_load}
     for key, value in data.items():
-        texts = format_weights(value) if key == "weights_per_rank" else [format_value(value)]
+        texts = per_rank[key](value) if key in per_rank else [format_value(value)]
         lines += [f"  {key.ljust(width)}  {texts[0]}"]
         lines += [f"  {' ' * width}  {text}" for text in texts[1:]]
     return "\n".join(lines)
@@ -203,6 +204,20 @@ def format_weights(ranks: list[dict[str, Any]]) -> list[str]:
     for rank in ranks:
         held, read = rank["weight_bytes_held"], rank["weight_bytes_read"]
         lines.append(f"rank {rank['rank']}: {describe_weights(rank['quantization'], held, read)}")
+    return lines or ["-"]
+
+
+def format_expert_load(ranks: list[dict[str, Any]]) -> list[str]:
+    """'rank 1: experts 4-7 of 8 (expert parallel); tokens per expert per step 1 / 1.5 / 3
+    (min / mean / max), imbalance x2.00, 12 steps', one per rank."""
+    lines = []
+    for rank in ranks:
+        load = rank["tokens_per_expert_per_step"]
+        lines.append(
+            f"rank {rank['rank']}: {rank['experts']}; tokens per expert per step "
+            f"{load['min']:g} / {load['mean']:g} / {load['max']:g} (min / mean / max), "
+            f"imbalance x{rank['imbalance']:.2f}, {rank['steps']} steps"
+        )
     return lines or ["-"]
 
 

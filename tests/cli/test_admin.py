@@ -62,6 +62,18 @@ def test_status_text_gives_each_rank_its_weights_line() -> None:
     assert loading.splitlines()[-1] == "  weights_per_rank  -"
 
 
+def test_status_text_gives_each_rank_its_expert_load_line() -> None:
+    rank = {
+        "experts": "experts 4-7 of 8 (expert parallel)", "imbalance": 2.0, "steps": 12,
+        "tokens_per_expert_per_step": {"min": 1.0, "mean": 1.5, "max": 3.0},
+    }  # fmt: skip
+    lines = format_status(0, {"expert_load_per_rank": [{"rank": 1, **rank}]}).splitlines()
+    assert lines[1] == (
+        "  expert_load_per_rank  rank 1: experts 4-7 of 8 (expert parallel); tokens per expert "
+        "per step 1 / 1.5 / 3 (min / mean / max), imbalance x2.00, 12 steps"
+    )
+
+
 def test_pause_and_resume_change_the_state(capsys, ready_worker: Worker) -> None:
     def state() -> str:
         _, out, _ = cli(capsys, "admin", "status", "--json", *ready_worker.args)
