@@ -65,9 +65,15 @@ def experts_storage(methods: LinearMethods) -> ExpertStorage:
     """The experts' format follows the projections' quantization where the MoE layer has one."""
     name = methods.projections.name
     name = "none" if name in ("none", "cpu-packed") else name
+    if name.endswith("checkpoint)"):
+        raise ValueError(
+            f"this MoE checkpoint is quantized ({name}); its experts have no format here yet: "
+            'load its bf16 release, with model.quantization "fp8" or "wint8" to quantize '
+            "the experts while loading"
+        )
     if name not in FORMATS:
         raise ValueError(
-            f"model.quantization {name!r} has no MoE expert format; experts load as "
-            f"{', '.join(FORMATS)} (set model.quantization to one of them)"
+            f"model.quantization {name!r} has no MoE expert format; set it to one of "
+            f"{', '.join(repr(f) for f in FORMATS)} for a MoE model"
         )
     return ExpertStorage(FORMATS[name])

@@ -153,3 +153,20 @@ def test_ids_of_minus_one_are_skipped_and_counted_nowhere() -> None:
         ),
     )
     assert experts.routed_tokens.tolist() == [0, 1, 0, 0, 0]
+
+
+def test_formats_without_experts_are_refused_naming_what_to_do() -> None:
+    from aioworker.compute.layers.linear_method import LinearMethods
+    from aioworker.compute.layers.weight_only import WINT4
+    from aioworker.compute.models.moe_block import experts_storage
+
+    with pytest.raises(ValueError, match="model.quantization 'wint4' has no MoE expert format"):
+        experts_storage(LinearMethods(WINT4))
+
+    class Checkpoint:
+        name = "fp8 (channel, checkpoint)"
+
+    with pytest.raises(
+        ValueError, match=r"quantized \(fp8 \(channel, checkpoint\)\).*bf16 release"
+    ):
+        experts_storage(LinearMethods(Checkpoint()))
