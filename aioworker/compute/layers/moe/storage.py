@@ -29,10 +29,6 @@ class ExpertStorage:
     def is_quantized(self) -> bool:
         return self.quantized_dtype is not None
 
-    @property
-    def name(self) -> str:
-        return {None: "none", torch.int8: "wint8", E4M3: "fp8"}[self.quantized_dtype]
-
     def weight(self, *shape: int) -> torch.Tensor:
         return torch.empty(*shape, dtype=self.quantized_dtype)
 
