@@ -93,8 +93,14 @@ class ExecutorThread:
 
     def run_weights_phase(self, phase: WeightsPhase) -> Future[int]:
         """A weights update phase or a memory release / resume, in order after the steps already
-        submitted; the future gives the bytes freed."""
-        return self.call(lambda: self.weights.run_phase(phase))
+        submitted; the future gives the bytes freed. KV copies in flight end first: a phase may
+        free or rewrite the blocks they read and write."""
+
+        def run() -> int:
+            self.runner.kv_copies.wait_all()
+            return self.weights.run_phase(phase)
+
+        return self.call(run)
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop after the jobs already queued; False if a thread is still busy after `timeout`."""

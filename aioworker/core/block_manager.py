@@ -5,11 +5,16 @@ Torch-free.
 A block is in one of three places: in use (reference count > 0), free and empty, or free and
 cached (reference count 0, still holding KV that a later prefix may hit). New blocks come from
 the empty ones first, then from the cached ones, least recently freed first (evicting them).
+
+With a KV connector that saves freed blocks (a host tier), a cached block that loses its last
+user may be held instead: still a prefix hit, never evicted, until its copy out is reported and
+`release_held` frees it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from aioworker.core.block_hashes import BlockHasher, BlockKey
 from aioworker.core.sequence import Sequence
@@ -36,6 +41,10 @@ class BlockManager:
         # Prompt tokens looked up, and found computed already.
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        # Cached blocks that lost their last user, and are copied out before they may be reused:
+        # the hook (the scheduler's, from its KV connector) returns the ones it holds.
+        self.hold_freed: Callable[[list[tuple[int, BlockKey]]], list[int]] | None = None
+        self._held: set[int] = set()
 
     # -- counts -------------------------------------------------------------------------------
 
@@ -88,16 +97,45 @@ class BlockManager:
             self.ref_counts[block_id] += 1
         seq.block_table.extend(block_ids)
 
+    @property
+    def num_held_blocks(self) -> int:
+        return len(self._held)
+
     def free(self, seq: Sequence) -> None:
+        self.free_blocks(seq.block_table)
+        seq.block_table = []
+
+    def free_blocks(self, block_ids: list[int]) -> None:
+        """Drop one reference to each block of a block table."""
+        cached = []
         # In reverse, so a sequence's tail blocks are evicted before its prefix.
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(block_ids):
             self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0 and block_id not in self._held:
+                if block_id in self._key_of_block:
+                    cached.append(block_id)
+                else:
+                    self._empty.append(block_id)
+        if not cached:
+            return
+        held = ()
+        if self.hold_freed is not None:
+            key_of = self._key_of_block
+            held = set(self.hold_freed([(block_id, key_of[block_id]) for block_id in cached]))
+            self._held.update(held)
+        for block_id in cached:
+            if block_id not in held:
+                self._cached_free[block_id] = None
+
+    def release_held(self, block_ids: list[int]) -> None:
+        """Held blocks whose copy out ended: free now, unless a prefix hit took them meanwhile."""
+        for block_id in block_ids:
+            self._held.discard(block_id)
             if self.ref_counts[block_id] == 0:
                 if block_id in self._key_of_block:
                     self._cached_free[block_id] = None
                 else:
                     self._empty.append(block_id)
-        seq.block_table = []
 
     def trim(self, seq: Sequence, num_tokens: int) -> int:
         """Give back the tail blocks of `seq` beyond what its first `num_tokens` tokens need
@@ -129,12 +167,17 @@ class BlockManager:
         """The blocks of the longest computed chain that starts `seq` (a waiting sequence with
         nothing computed), leaving at least its last token to compute so there are logits to
         sample from. Takes nothing yet (`use_cached` does); readies `seq` to address its blocks."""
+        return self.lookup_prefix(seq)[0]
+
+    def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[BlockKey]]:
+        """`cached_prefix`, and the content addresses of the full blocks past the hits (where
+        another tier may hold them)."""
         if not self.enable_prefix_caching:
-            return []
+            return [], []
         seq.cache_epoch = self.epoch
         seq.block_hashes = []
         if seq.prompt_logprobs is not None:
-            return []  # prompt logprobs need every prompt position computed
+            return [], []  # prompt logprobs need every prompt position computed
         num_full = (len(seq.token_ids) - 1) // self.block_size
         keys = self.hasher.extend(
             seq.block_hashes, seq.token_ids, num_full, self.block_size, self.epoch
@@ -146,16 +189,19 @@ class BlockManager:
                 break
             hits.append(block_id)
         del seq.block_hashes[len(hits) :]  # the rest are addressed as they are computed
-        return hits
+        return hits, keys[len(hits) :]
 
     def num_free_after(self, hits: list[int]) -> int:
         """Free blocks left once `hits` are in use (cached free ones among them stop being free)."""
-        return self.num_free_blocks - sum(1 for b in hits if self.ref_counts[b] == 0)
+        held = self._held
+        return self.num_free_blocks - sum(
+            1 for b in hits if self.ref_counts[b] == 0 and b not in held
+        )
 
     def use_cached(self, seq: Sequence, hits: list[int]) -> None:
         """Start `seq` with the blocks `cached_prefix` found: their tokens count as computed."""
         for block_id in hits:
-            if self.ref_counts[block_id] == 0:
+            if self.ref_counts[block_id] == 0 and block_id not in self._held:
                 del self._cached_free[block_id]
             self.ref_counts[block_id] += 1
         seq.block_table = list(hits)

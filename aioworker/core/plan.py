@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import msgspec
 
+from aioworker.core.kv_connector import KvReport, KvTransfers
 from aioworker.core.outputs import TokenLogprobs
 
 # An input token that the previous step samples: the executor takes it from its own record of
@@ -110,6 +111,9 @@ class StepPlan(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # for a sampled sequence after this step, from its last kept token (0: none). The draft
     # writes its KV at the positions of those drafts: their blocks are in the block table.
     num_next_drafts: list[int] = []
+    # Copies of KV blocks to and from another tier (core/kv_connector.py), run before the
+    # forward; a plan may carry only these (no sequence is ready, copies are in flight).
+    kv: KvTransfers | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -151,6 +155,8 @@ class StepResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # For a plan with num_next_drafts, per sampled sequence: the drafts proposed for its next
     # step (empty where none were asked for).
     next_drafts: list[list[int]] = []
+    # KV copies that ended since the rank's last result (core/kv_connector.py).
+    kv: KvReport | None = None
 
     def tokens_per_sequence(self) -> list[list[int]]:
         """The sampled tokens of each sampled sequence, in plan order."""

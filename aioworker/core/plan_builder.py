@@ -5,6 +5,7 @@ executors its sampling settings once. Torch-free."""
 from __future__ import annotations
 
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.kv_connector import KvTransfers
 from aioworker.core.plan import (
     PENDING_TOKEN,
     LogitControls,
@@ -103,6 +104,7 @@ class PlanBuilder:
         step_id: int,
         released_seq_ids: list[int],
         trimmed_block_tables: list[tuple[int, int]] = (),
+        kv: KvTransfers | None = None,
     ) -> StepPlan:
         return StepPlan(
             step_id=step_id,
@@ -117,6 +119,7 @@ class PlanBuilder:
             num_draft_tokens=self._per_seq(self.drafted),
             num_next_drafts=self._per_seq(self.next_drafts),
             trimmed_block_tables=list(trimmed_block_tables),
+            kv=kv,
         )
 
     def _per_seq(self, counts: list[tuple[int, int]]) -> list[int]:

@@ -11,13 +11,28 @@ step computes 1 + k tokens and gives back between 1 and k + 1. Its rejected draf
 given back (`BlockManager.trim`) when the result comes in, and no draft ever registers a block
 in the prefix cache. Drafts never cost a preemption: where blocks or the token budget run
 short, a sequence is scheduled without them.
+
+With a KV connector (core/kv_connector.py), a waiting sequence may start from KV the connector
+supplies past the device's prefix hits: it is LOADING, holding its blocks, until the copy is
+reported, and runs from there. A preempted sequence may be swapped out instead of recomputed,
+and cached blocks that lose their last user may be copied out; either way the blocks are held
+until the copy is reported. Plans carry the copies; a plan may carry only copies.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from aioworker.core.block_hashes import BlockKey
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.kv_connector import (
+    ExternalMatch,
+    KvConnector,
+    KvReport,
+    KvTransfers,
+    NoKvConnector,
+)
+from aioworker.core.kv_in_flight import KvInFlight
 from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.plan_builder import PlanBuilder, new_seq
@@ -35,9 +50,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         speculator: Speculator | None = None,
+        connector: KvConnector | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.speculator = speculator
+        self.connector: KvConnector = connector if connector is not None else NoKvConnector()
+        self.kv = KvInFlight()
+        if self.connector.saves_freed_blocks:
+            block_manager.hold_freed = self._hold_freed
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -86,7 +106,9 @@ class Scheduler:
         seq = self.seqs.get(seq_id)
         if seq is None:
             return None
-        if seq.status is SeqStatus.WAITING:
+        if seq.status is SeqStatus.LOADING:
+            self.kv.abandon(seq)
+        elif seq.status is SeqStatus.WAITING:
             leader = seq.leader
             if leader is not None and leader.followers and seq in leader.followers:
                 leader.followers.remove(seq)  # still held back
@@ -104,15 +126,28 @@ class Scheduler:
 
     def preempt_all(self) -> int:
         """Send every running sequence back to waiting (its KV cache is being freed); they are
-        recomputed from their tokens later. Returns how many."""
+        recomputed from their tokens later, and so are those that were loading KV or had it
+        loaded. Returns how many were running."""
         count = len(self.running)
         while self.running:
-            self._preempt(self.running.pop())
+            self._preempt(self.running.pop(), may_swap=False)
+        for seqs in list(self.kv.loading.values()):
+            for seq in list(seqs):
+                self.kv.abandon(seq)
+                self._back_to_waiting(seq)
+        for seq in self.waiting:
+            if seq.block_table:  # loaded, not yet scheduled
+                self.block_manager.free(seq)
+                seq.num_computed_tokens = 0
         return count
 
     @property
     def has_work(self) -> bool:
         return bool(self.seqs)
+
+    @property
+    def num_loading(self) -> int:
+        return self.kv.num_loading
 
     def wants_drafts(self) -> bool:
         """Whether the next plan would give its sequences drafts: they must then have no token
@@ -132,7 +167,10 @@ class Scheduler:
             self._schedule_waiting(budget, builder)
         if self._leaders:
             self._release_followers()
-        return self._build_plan(builder) if builder.seq_ids else None
+        kv = self._kv_transfers(bool(builder.seq_ids))
+        if not builder.seq_ids and kv is None:
+            return None
+        return self._build_plan(builder, kv)
 
     def _release_followers(self) -> None:
         """Followers whose leader's prompt is scheduled in full (steps run in order: its blocks
@@ -152,9 +190,22 @@ class Scheduler:
         """Append sampled tokens, finish sequences that stop; returns one output per sampled token."""
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
+        if plan.kv is not None and not plan.seq_ids:
+            self.kv.polling = False
+        failed = [] if result.kv is None else self._take_kv_report(result.kv, plan.step_id)
+        for out in failed:
+            out.weights_version = weights_version
         self._keep_prompt_logprobs(result)
         if plan.has_drafts:
-            return self._update_verified(plan, result, weights_version)
+            return failed + self._update_verified(plan, result, weights_version)
+        if failed:
+            return failed + self._update_plain(plan, result, weights_version)
+        return self._update_plain(plan, result, weights_version)
+
+    def _update_plain(
+        self, plan: StepPlan, result: StepResult, weights_version: int
+    ) -> list[RequestOutput]:
+        """`update` for a plan without drafts."""
         sampled = iter(result.sampled_token_ids)
         logprobs = iter(result.logprobs) if result.logprobs is not None else None
         next_drafts = iter(result.next_drafts) if result.next_drafts else None
@@ -372,12 +423,23 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, builder: PlanBuilder) -> None:
         while (
-            self.admit_new and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+            self.admit_new
+            and self.waiting
+            and budget > 0
+            and len(self.running) + self.kv.num_loading < self.max_num_seqs
         ):
-            seq = self.waiting[0]  # nothing computed: new, or preempted and recomputed
+            seq = self.waiting[0]  # nothing computed (new, or preempted), or its KV loaded
+            if seq.block_table:
+                budget -= self._start_loaded(seq, budget, builder)
+                continue
             blocks = self.block_manager
-            hits = blocks.cached_prefix(seq)
+            hits, keys_after = blocks.lookup_prefix(seq)
             num_cached = len(hits) * blocks.block_size
+            match = self.connector.match(seq, num_cached, keys_after)
+            if match is not None:
+                if not self._start_loading(seq, hits, match):
+                    break
+                continue
             num_tokens = min(len(seq.token_ids) - num_cached, budget)
             num_new_blocks = blocks.blocks_for_tokens(num_cached + num_tokens) - len(hits)
             if num_new_blocks > blocks.num_free_after(hits):
@@ -391,28 +453,126 @@ class Scheduler:
             builder.new_seqs.append(new_seq(seq))
             budget -= num_tokens
 
-    def _build_plan(self, builder: PlanBuilder) -> StepPlan:
+    def _start_loading(self, seq: Sequence, hits: list[int], match: ExternalMatch) -> bool:
+        """Admit `seq` to wait for the KV the connector supplies past its device hits: blocks
+        for its first step are taken now. False where too few blocks are free."""
+        blocks = self.block_manager
+        num_ready = len(hits) * blocks.block_size + match.num_tokens
+        num_tokens = min(len(seq.token_ids), num_ready + self.max_num_batched_tokens)
+        if blocks.blocks_for_tokens(num_tokens) - len(hits) > blocks.num_free_after(hits):
+            return False
+        self.waiting.popleft()
+        blocks.use_cached(seq, hits)
+        blocks.allocate(seq, num_tokens)
+        filled = seq.block_table[len(hits) : blocks.blocks_for_tokens(num_ready)]
+        transfer_id = self.connector.load(seq, match, filled)
+        seq.num_computed_tokens = num_ready
+        seq.status = SeqStatus.LOADING
+        self.kv.loading[transfer_id].append(seq)
+        return True
+
+    def _start_loaded(self, seq: Sequence, budget: int, builder: PlanBuilder) -> int:
+        """Schedule a sequence whose KV was loaded, within the blocks it holds; returns the
+        tokens scheduled."""
+        start = seq.num_computed_tokens
+        room = len(seq.block_table) * self.block_manager.block_size - start
+        num_tokens = min(len(seq.token_ids) - start, budget, room)
+        self.waiting.popleft()
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        builder.add(seq, num_tokens, list(seq.block_table))
+        builder.new_seqs.append(new_seq(seq))
+        return num_tokens
+
+    def _build_plan(self, builder: PlanBuilder, kv: KvTransfers | None = None) -> StepPlan:
         trimmed = []
         if self._trimmed:
             released = set(self._released_seq_ids)
             trimmed = [item for item in self._trimmed.items() if item[0] not in released]
             self._trimmed = {}
-        plan = builder.plan(self._next_step_id, self._released_seq_ids, trimmed)
+        plan = builder.plan(self._next_step_id, self._released_seq_ids, trimmed, kv)
         self._released_seq_ids = []
         self._next_step_id += 1
         return plan
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+    # -- KV copies (core/kv_connector.py) -----------------------------------------------------
+
+    def _kv_transfers(self, has_seqs: bool) -> KvTransfers | None:
+        """The next plan's copies; for a plan without sequences, None unless it has copies to
+        start or report, or must wait for copies in flight (the loading can then go on)."""
+        saves, loads = self.connector.take_copies()
+        kv = self.kv
+        if not (saves or loads or kv.completed) and (has_seqs or kv.polling or kv.is_idle):
+            return None
+        if not has_seqs:
+            kv.polling = True
+        transfers = KvTransfers(saves, loads, kv.completed)
+        kv.completed = []
+        return transfers
+
+    def _hold_freed(self, blocks: list[tuple[int, BlockKey]]) -> list[int]:
+        """The block manager's hook: cached blocks the connector copies out are held."""
+        saved = self.connector.save_freed(blocks)
+        if saved is None:
+            return []
+        transfer_id, block_ids = saved
+        self.kv.held_blocks[transfer_id] = block_ids
+        return block_ids
+
+    def _take_kv_report(self, report: KvReport, step_id: int) -> list[RequestOutput]:
+        """Copies that ended: their blocks go back, and the sequences they filled wait to run.
+        Returns one error output per sequence whose KV a failed copy lost."""
+        kv, blocks = self.kv, self.block_manager
+        failed = set(report.failed)
+        lost = []
+        for transfer_id in (*report.done, *report.failed):
+            kv.completed.append(transfer_id)
+            blocks.release_held(kv.held_blocks.pop(transfer_id, ()))
+            for table in kv.held_tables.pop(transfer_id, ()):
+                blocks.free_blocks(table)
+            seqs = kv.loading.pop(transfer_id, ())
+            if transfer_id in failed:
+                lost.extend(seqs)
+            else:
+                self.waiting.extendleft(reversed(seqs))
+            for seq in seqs:
+                seq.status = SeqStatus.WAITING
+        lost_ids = self.connector.finished(report)
+        lost.extend(self.seqs[seq_id] for seq_id in lost_ids if seq_id in self.seqs)
+        return [self._fail(seq, report.error, step_id) for seq in dict.fromkeys(lost)]
+
+    def _fail(self, seq: Sequence, error: str, step_id: int) -> RequestOutput:
+        """End `seq` with an error: a KV copy it depends on failed."""
+        if seq.status is SeqStatus.LOADING:
+            self.kv.abandon(seq)
+        elif seq.status is SeqStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self._finish(seq, FinishReason.ERROR)
+        out = RequestOutput(seq.request_id, [], FinishReason.ERROR, None, step_id, 0)
+        out.error = f"its KV cache was lost in a failed copy ({error or 'no cause given'})"
+        out.error_kind = ErrorKind.INTERNAL
+        out.sample_index = seq.sample_index
+        return out
+
+    def _preempt(self, seq: Sequence, may_swap: bool = True) -> None:
+        transfer_id = self.connector.swap_out(seq) if may_swap else None
+        if transfer_id is None:
+            self.block_manager.free(seq)
+        else:  # its blocks are copied out from behind the steps in flight: held till then
+            self.kv.held_tables[transfer_id].append(seq.block_table)
+            seq.block_table = []
         seq.num_stale_tokens += seq.num_pending_tokens
+        self._back_to_waiting(seq)
+        self._released_seq_ids.append(seq.seq_id)
+        self.num_preemptions += 1
+
+    def _back_to_waiting(self, seq: Sequence) -> None:
+        seq.num_computed_tokens = 0
         seq.num_pending_tokens = 0
         seq.num_draft_tokens = 0
         seq.next_drafts = []
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
-        self._released_seq_ids.append(seq.seq_id)
-        self.num_preemptions += 1
 
     def _finish(self, seq: Sequence, reason: FinishReason, still_listed: bool = False) -> None:
         """`still_listed`: the caller removes finished sequences from `running` itself."""
@@ -421,6 +581,7 @@ class Scheduler:
         if seq.block_table or seq.status is SeqStatus.RUNNING:
             self._released_seq_ids.append(seq.seq_id)
         self.block_manager.free(seq)
+        self.connector.forget(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         del self.seqs[seq.seq_id]

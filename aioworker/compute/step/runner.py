@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 import torch
 
+from aioworker.compute.kv_transfer import KvCopier, NoKvCopies, WithKvReport
 from aioworker.compute.layers.attention import AttentionBackend, AttentionContext
 from aioworker.compute.layers.attention.slots import SeqSlots
 from aioworker.compute.parallel import TensorParallel
@@ -164,6 +165,8 @@ class ModelRunner:
         # Held while masks are unpacked on the executor's stream from another thread, and while
         # CUDA graphs are captured on it: a capture forbids other work on its stream.
         self.masks_lock = threading.Lock()
+        # Copies of KV blocks to and from another tier (compute/kv_transfer.py).
+        self.kv_copies: KvCopier = NoKvCopies()
 
     def kv_layers(self) -> list:
         """Every attention layer with a KV cache: the target's, then a separate draft's."""
@@ -192,6 +195,14 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> StepHandle:
         """The step pipeline, the same for every runner (see the module's docstring)."""
         self.apply_plan_state(plan)
+        if plan.kv is not None:
+            self.kv_copies.issue(plan.kv)
+        step = self.launch_step(plan)
+        if self.kv_copies.is_idle:
+            return step
+        return WithKvReport(step, self.kv_copies, wait=plan.is_empty)
+
+    def launch_step(self, plan: StepPlan) -> StepHandle:
         if plan.is_empty:
             return CompletedStep(StepResult(plan.step_id, []))
         step = self.prepare(plan)
