@@ -51,6 +51,16 @@ class CacheOptions(_Section):
     # Reuse the KV of full blocks already computed (a shared prompt prefix, a recomputed
     # sequence); a block's address includes its whole prefix and the weights it was computed on.
     enable_prefix_caching: bool = True
+    # Bytes of host memory per rank for a second tier of KV blocks (pinned on a GPU): cached
+    # blocks that lose their last user are copied there, a prefix that misses the device but
+    # hits the host is loaded back, and preemption may swap a sequence out instead of
+    # recomputing it. 0 (the default) turns it off: the memory is the host's, shared with every
+    # rank on it, so only the operator can size it.
+    host_kv_bytes: int = 0
+    # With a host tier, how a preempted sequence gives up its blocks: "auto" swaps where the
+    # measured copy rate beats the measured prefill rate, "swap" always where the tier has room,
+    # "recompute" never swaps.
+    preemption: Literal["auto", "swap", "recompute"] = "auto"
 
 
 # Tokens per step when max_num_batched_tokens is 0, by device kind. On a GPU a 2048-token
@@ -355,6 +365,11 @@ class WorkerConfig(_Section):
         _check_positive("runtime.max_admin_message_bytes", self.runtime.max_admin_message_bytes)
         if self.cache.num_blocks < 0:
             raise ConfigError(f"cache.num_blocks is {self.cache.num_blocks}; use 0 (auto) or more")
+        if self.cache.host_kv_bytes < 0:
+            raise ConfigError(
+                f"cache.host_kv_bytes is {self.cache.host_kv_bytes}; use 0 (no host tier) or "
+                "the bytes of host memory per rank, e.g. 17179869184 for 16 GiB"
+            )
         if not 0.0 < self.cache.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"cache.gpu_memory_utilization is {self.cache.gpu_memory_utilization}; "

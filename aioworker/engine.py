@@ -47,6 +47,7 @@ class LLMEngine:
             config.cache.enable_prefix_caching,
             config.speculative,
             config.guided.fill_threads,
+            config.cache.preemption,
         )
         self._request_ids = itertools.count()
         self._texts: dict[tuple[str, int], OutputText] = {}  # by request id and sample index

@@ -22,7 +22,13 @@ from aioworker.compute.cpu_bf16 import computes_bf16_natively
 from aioworker.compute.cpu_threads import num_threads_for_rank
 from aioworker.compute.draft_builder import build_draft
 from aioworker.compute.executor_thread import ExecutorThread
-from aioworker.compute.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for_bytes
+from aioworker.compute.host_tier_setup import HostTierSize, block_dim_of, install_host_tier
+from aioworker.compute.kv_cache import (
+    allocate_kv_cache,
+    bytes_per_block,
+    num_blocks_for_bytes,
+    token_major_shape,
+)
 from aioworker.compute.kv_profile import profile_num_blocks
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
@@ -114,7 +120,9 @@ def build_rank(
             progress,
             report_phase or _ignore,
         )
-        runner, weights, num_blocks, summary = executor.call(lambda: _build_runner(build)).result()
+        runner, weights, num_blocks, summary, host_tier = executor.call(
+            lambda: _build_runner(build)
+        ).result()
         executor.install(runner, weights)
         executor.expert_meter = expert_load_meter(runner.model)
         if executor.expert_meter is not None:
@@ -138,6 +146,8 @@ def build_rank(
         weight_bytes_held=summary.bytes_held,
         weight_bytes_read=summary.bytes_read,
         expert_load=executor.expert_meter.read if executor.expert_meter is not None else None,
+        num_host_blocks=host_tier.num_slots,
+        kv_block_bytes=host_tier.block_bytes,
     )
     return executor, loaded
 
@@ -177,10 +187,12 @@ class _Build:
     report_phase: Callable[[str], None]  # PROFILING, WARMING: shown in heartbeats
 
 
-def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int, WeightsSummary]:
+def _build_runner(
+    build: _Build,
+) -> tuple[ModelRunner, RankWeights, int, WeightsSummary, HostTierSize]:
     """Runs on the executor thread: the device's state is created where it will be used.
-    Returns the runner, its weights, the number of KV cache blocks and what the weights amount
-    to."""
+    Returns the runner, its weights, the number of KV cache blocks, what the weights amount
+    to, and the host KV tier's size."""
     config, device = build.config, build.device
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
@@ -192,15 +204,18 @@ def _build_runner(build: _Build) -> tuple[ModelRunner, RankWeights, int, Weights
     )
     if device.type == "cuda" and config.device.attention_backend != "torch":
         runner, weights, num_blocks = _build_cuda_runner(model, draft, build)
+        block_dim = block_dim_of(token_major_shape)
     else:
         runner, weights, num_blocks = _build_cpu_runner(model, draft, build)
+        block_dim = block_dim_of(runner.backend.cache_shape)
+    host_tier = install_host_tier(runner, config.cache.host_kv_bytes, block_dim)
     summary = summarize(runner.weight_models())
     log.info(
         "linear layers: projections %s, LM head %s; %.1f MiB of weights held, %.1f MiB read "
         "per decode step", methods.projections.name, methods.lm_head.name,
         summary.bytes_held / 2**20, summary.bytes_read / 2**20,
     )  # fmt: skip
-    return runner, weights, num_blocks, summary
+    return runner, weights, num_blocks, summary, host_tier
 
 
 def _build_cpu_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWeights, int]:

@@ -29,6 +29,8 @@ from aioworker.core.block_manager import BlockManager
 from aioworker.core.executor import Executor
 from aioworker.core.grammar import MaskFiller, has_guided_rows
 from aioworker.core.guided_requests import GuidedRequests
+from aioworker.core.host_tier import HostKvConnector, PreemptionMode
+from aioworker.core.kv_connector import KvConnector
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
@@ -66,9 +68,11 @@ class EngineCore:
         enable_prefix_caching: bool = False,
         speculative: SpeculativeOptions | None = None,
         fill_threads: int = 1,
+        preemption: PreemptionMode = "auto",
     ) -> None:
         """`num_blocks` overrides the rank's own count (tensor parallelism: the smallest rank's).
-        `fill_threads`: threads that fill a large step's grammar masks (guided.fill_threads)."""
+        `fill_threads`: threads that fill a large step's grammar masks (guided.fill_threads).
+        `preemption`: with a host KV tier (cache.preemption), whether preemption may swap."""
         self.executor = executor
         self.validator = RequestValidator(loaded.vocab_size, loaded.max_model_len)
         self.eos_token_ids = loaded.eos_token_ids
@@ -85,6 +89,7 @@ class EngineCore:
             _speculator(
                 speculative, loaded.max_model_len, options.step_token_budget(loaded.device)
             ),
+            _connector(loaded, preemption),
         )
         self.in_flight: collections.deque[InFlightStep] = collections.deque()
         self.guided = GuidedRequests(loaded.grammars, loaded.eos_token_ids)
@@ -190,9 +195,9 @@ class EngineCore:
         return self.scheduler.block_manager
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block (new weights, released memory, an operator asked); returns
-        how many. KV computed before never serves a request admitted after."""
-        return self.block_manager.reset_prefix_cache()
+        """Forget every cached block (new weights, released memory, an operator asked), in both
+        KV tiers; returns how many. KV computed before never serves a request admitted after."""
+        return self.block_manager.reset_prefix_cache() + self.scheduler.connector.reset()
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -224,8 +229,7 @@ class EngineCore:
         """The oldest step's result: tokens appended, finished requests ended; its outputs."""
         step = self.in_flight.popleft()
         self.last_step_id = step.plan.step_id
-        if self.scheduler.speculator is not None:
-            self._time_step(step)
+        self._time_step(step)
         outputs = self.scheduler.update(step.plan, result, self.weights_version)
         if self.in_flight and self.in_flight[0].owes_masks:
             # The next step's earlier tokens are all known now: its masks can be filled.
@@ -250,11 +254,13 @@ class EngineCore:
 
     def _time_step(self, step: InFlightStep) -> None:
         """A step's device time: from its submission or the previous completion, whichever came
-        later, to its own completion."""
+        later, to its own completion (speculation weighs drafts by it, a host tier swaps)."""
         now = time.monotonic()
-        started = max(step.submitted_at, self._last_completed_at)
-        self.scheduler.speculator.policy.observe_step(step.plan.num_tokens, now - started)
+        seconds = now - max(step.submitted_at, self._last_completed_at)
         self._last_completed_at = now
+        if self.scheduler.speculator is not None:
+            self.scheduler.speculator.policy.observe_step(step.plan.num_tokens, seconds)
+        self.scheduler.connector.observe_step(step.plan.num_tokens, seconds)
 
     def _observe_host_gap(self) -> None:
         """A step about to be submitted with none in flight waited for the host since the last
@@ -272,6 +278,15 @@ class EngineCore:
                 self.guided.wait_for_one()  # only compiling requests are left
             return refused
         return refused + self.complete(self.in_flight[0].future.result())
+
+
+def _connector(loaded: LoadedRank, preemption: PreemptionMode) -> KvConnector | None:
+    """The host KV tier's scheduler half, where the rank has one."""
+    if not loaded.num_host_blocks:
+        return None
+    return HostKvConnector(
+        loaded.num_host_blocks, loaded.block_size, loaded.kv_block_bytes, preemption
+    )
 
 
 def _speculator(

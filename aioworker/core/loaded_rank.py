@@ -35,3 +35,7 @@ class LoadedRank:
     grammars: GrammarBackend | None = None
     # MoE models: the latest reading of tokens routed to this rank's experts (any thread).
     expert_load: Callable[[], ExpertLoad] | None = None
+    # The host KV tier (cache.host_kv_bytes): its blocks (0: none), and one block's bytes on
+    # this rank, every layer's K and V.
+    num_host_blocks: int = 0
+    kv_block_bytes: int = 0

@@ -104,6 +104,7 @@ class Driver:
             self.config.cache.enable_prefix_caching,
             self.config.speculative,
             self.config.guided.fill_threads,
+            self.config.cache.preemption,
         )
         if runtime.metrics_port:
             port = runtime.metrics_port + rank.group

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from aioworker.compute.executor_thread import ExecutorThread
+from aioworker.compute.kv_transfer import NoKvCopies
 from aioworker.compute.step.mask_mailbox import MaskMailbox
 from aioworker.core.plan import StepPlan, StepResult
 from aioworker.core.weights_phase import WeightsPhase
@@ -40,6 +41,7 @@ class RecordingRunner:
     def __init__(self, events: list[str]) -> None:
         self.events = events
         self.masks = MaskMailbox()
+        self.kv_copies = NoKvCopies()
 
     def launch(self, plan: StepPlan) -> LaunchedStep:
         if plan.step_id == FAILS_AT_LAUNCH:

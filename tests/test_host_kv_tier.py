@@ -1,0 +1,115 @@
+"""The host KV tier on the embedded model, on the CPU (where the "host" tier is a second pool of
+blocks): with a device KV cache too small for the work, outputs equal the tier off, and the tier
+is really used: evicted history comes back from it, preemption swaps through it, and a weights
+update or a reset leaves nothing in it that could serve."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from aioworker.core.sampling_params import SamplingParams
+from tests.conftest import make_engine
+
+pytestmark = pytest.mark.slow
+BLOCK = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# 40 blocks of 16 tokens: one user's history fits, six users' do not.
+TINY_DEVICE = {"cache.num_blocks": 40, "model.max_model_len": 640}
+HOST_TIER = {"cache.host_kv_bytes": 64 << 20}
+
+
+@pytest.fixture(scope="module")
+def reference(embedded_model_dir):
+    engine = make_engine(embedded_model_dir, **{"cache.enable_prefix_caching": False})
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def tiered(embedded_model_dir):
+    engine = make_engine(embedded_model_dir, **TINY_DEVICE, **HOST_TIER)
+    yield engine
+    engine.close()
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(200, 40000) for _ in range(n)]
+
+
+def chat(engine, histories: list[list[int]], turns: int, rng: random.Random) -> list[list[int]]:
+    """Users take turns; each turn appends the answer and a new message to that user's history,
+    and every other user's turn in between pushes it out of the device cache."""
+    answers = []
+    for _ in range(turns):
+        for history in histories:
+            (completion,) = engine.generate([history], GREEDY)
+            answers.append(completion.token_ids)
+            history.extend(completion.token_ids + random_tokens(rng, 5))
+    return answers
+
+
+def stats(engine) -> dict:
+    return engine.scheduler.connector.stats()
+
+
+def test_a_chat_whose_history_is_evicted_loads_it_back_and_answers_the_same(
+    tiered, reference
+) -> None:
+    users = [random_tokens(random.Random(u), 9 * BLOCK + u) for u in range(6)]
+    tiered_answers = chat(tiered, [list(u) for u in users], 2, random.Random(9))
+    reference_answers = chat(reference, [list(u) for u in users], 2, random.Random(9))
+    assert tiered_answers == reference_answers
+    counts = stats(tiered)
+    # Each user's second turn found its first turn's prompt on the host, not the device.
+    assert counts["host_kv_hit_blocks"] >= 6 * 9
+    assert tiered.block_manager.num_hit_tokens < 6 * BLOCK
+    assert counts["host_kv_saved_blocks"] > 0
+    assert counts["host_kv_bytes_loaded"] == counts["host_kv_hit_blocks"] * (
+        tiered.loaded.kv_block_bytes
+    )
+
+
+def test_preemption_swaps_and_answers_the_same(embedded_model_dir, reference) -> None:
+    rng = random.Random(3)
+    prompts = [random_tokens(rng, 100 + 7 * i) for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    engine = make_engine(
+        embedded_model_dir, **TINY_DEVICE, **HOST_TIER, **{"cache.preemption": "swap"}
+    )
+    try:
+        got = [c.token_ids for c in engine.generate(prompts, params)]
+        counts = stats(engine)
+        assert engine.scheduler.num_preemptions > 0
+        assert counts["host_kv_swaps_out"] > 0 and counts["host_kv_swaps_in"] > 0
+    finally:
+        engine.close()
+    assert got == [c.token_ids for c in reference.generate(prompts, params)]
+
+
+def test_recompute_mode_never_swaps(embedded_model_dir) -> None:
+    rng = random.Random(3)
+    prompts = [random_tokens(rng, 100 + 7 * i) for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    engine = make_engine(
+        embedded_model_dir, **TINY_DEVICE, **HOST_TIER, **{"cache.preemption": "recompute"}
+    )
+    try:
+        engine.generate(prompts, params)
+        assert engine.scheduler.num_preemptions > 0
+        assert stats(engine)["host_kv_swaps_out"] == 0
+    finally:
+        engine.close()
+
+
+def test_a_reset_between_turns_serves_nothing_from_the_host(tiered) -> None:
+    rng = random.Random(5)
+    users = [random_tokens(rng, 9 * BLOCK) for _ in range(6)]
+    chat(tiered, users, 1, rng)
+    assert stats(tiered)["host_kv_blocks_cached"] > 0
+    tiered.core.reset_prefix_cache()  # what a weights update does before its first step
+    assert stats(tiered)["host_kv_blocks_cached"] == 0
+    hits_before = stats(tiered)["host_kv_hit_blocks"]
+    chat(tiered, users, 1, rng)
+    assert stats(tiered)["host_kv_hit_blocks"] == hits_before
