@@ -172,9 +172,9 @@ class BlockManager:
     def lookup_prefix(self, seq: Sequence) -> tuple[list[int], list[BlockKey]]:
         """`cached_prefix`, and the content addresses of the full blocks past the hits (where
         another tier may hold them)."""
+        seq.cache_epoch = self.epoch  # its KV begins under these weights
         if not self.enable_prefix_caching:
             return [], []
-        seq.cache_epoch = self.epoch
         seq.block_hashes = []
         if seq.prompt_logprobs is not None:
             return [], []  # prompt logprobs need every prompt position computed

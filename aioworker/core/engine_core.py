@@ -197,6 +197,7 @@ class EngineCore:
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (new weights, released memory, an operator asked), in both
         KV tiers; returns how many. KV computed before never serves a request admitted after."""
+        self.scheduler.drop_loaded_kv()
         return self.block_manager.reset_prefix_cache() + self.scheduler.connector.reset()
 
     # -- steps --------------------------------------------------------------------------------

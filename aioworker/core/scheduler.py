@@ -56,6 +56,8 @@ class Scheduler:
         self.speculator = speculator
         self.connector: KvConnector = connector if connector is not None else NoKvConnector()
         self.kv = KvInFlight()
+        # Sequences whose KV a copy loaded: they run before any waiting one (they hold blocks).
+        self.loaded: deque[Sequence] = deque()
         if self.connector.saves_freed_blocks:
             block_manager.hold_freed = self._hold_freed
         self.max_num_seqs = max_num_seqs
@@ -107,7 +109,7 @@ class Scheduler:
         if seq is None:
             return None
         if seq.status is SeqStatus.LOADING:
-            self.kv.abandon(seq)
+            self._stop_loading(seq)
         elif seq.status is SeqStatus.WAITING:
             leader = seq.leader
             if leader is not None and leader.followers and seq in leader.followers:
@@ -131,15 +133,20 @@ class Scheduler:
         count = len(self.running)
         while self.running:
             self._preempt(self.running.pop(), may_swap=False)
+        self.drop_loaded_kv()
+        return count
+
+    def drop_loaded_kv(self) -> None:
+        """Sequences loading KV from another tier, or holding KV loaded and not yet scheduled,
+        are recomputed instead: that KV may predate new weights or a released cache."""
         for seqs in list(self.kv.loading.values()):
             for seq in list(seqs):
                 self.kv.abandon(seq)
                 self._back_to_waiting(seq)
-        for seq in self.waiting:
-            if seq.block_table:  # loaded, not yet scheduled
-                self.block_manager.free(seq)
-                seq.num_computed_tokens = 0
-        return count
+        while self.loaded:
+            seq = self.loaded.pop()
+            self.block_manager.free(seq)
+            self._back_to_waiting(seq)
 
     @property
     def has_work(self) -> bool:
@@ -147,7 +154,7 @@ class Scheduler:
 
     @property
     def num_loading(self) -> int:
-        return self.kv.num_loading
+        return self.kv.num_loading + len(self.loaded)
 
     def wants_drafts(self) -> bool:
         """Whether the next plan would give its sequences drafts: they must then have no token
@@ -422,16 +429,15 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, budget: int, builder: PlanBuilder) -> None:
+        while self.loaded and budget > 0 and len(self.running) < self.max_num_seqs:
+            budget -= self._start_loaded(self.loaded.popleft(), budget, builder)
         while (
             self.admit_new
             and self.waiting
             and budget > 0
-            and len(self.running) + self.kv.num_loading < self.max_num_seqs
+            and len(self.running) + self.num_loading < self.max_num_seqs
         ):
-            seq = self.waiting[0]  # nothing computed (new, or preempted), or its KV loaded
-            if seq.block_table:
-                budget -= self._start_loaded(seq, budget, builder)
-                continue
+            seq = self.waiting[0]  # nothing computed: new, or preempted
             blocks = self.block_manager
             hits, keys_after = blocks.lookup_prefix(seq)
             num_cached = len(hits) * blocks.block_size
@@ -477,7 +483,6 @@ class Scheduler:
         start = seq.num_computed_tokens
         room = len(seq.block_table) * self.block_manager.block_size - start
         num_tokens = min(len(seq.token_ids) - start, budget, room)
-        self.waiting.popleft()
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
         builder.add(seq, num_tokens, list(seq.block_table))
@@ -533,10 +538,10 @@ class Scheduler:
             seqs = kv.loading.pop(transfer_id, ())
             if transfer_id in failed:
                 lost.extend(seqs)
+                for seq in seqs:  # they wait for nothing now: their blocks go when they end
+                    self.loaded.append(seq)
             else:
-                self.waiting.extendleft(reversed(seqs))
-            for seq in seqs:
-                seq.status = SeqStatus.WAITING
+                self.loaded.extend(seqs)
         lost_ids = self.connector.finished(report)
         lost.extend(self.seqs[seq_id] for seq_id in lost_ids if seq_id in self.seqs)
         return [self._fail(seq, report.error, step_id) for seq in dict.fromkeys(lost)]
@@ -544,7 +549,7 @@ class Scheduler:
     def _fail(self, seq: Sequence, error: str, step_id: int) -> RequestOutput:
         """End `seq` with an error: a KV copy it depends on failed."""
         if seq.status is SeqStatus.LOADING:
-            self.kv.abandon(seq)
+            self._stop_loading(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         self._finish(seq, FinishReason.ERROR)
@@ -554,7 +559,18 @@ class Scheduler:
         out.sample_index = seq.sample_index
         return out
 
+    def _stop_loading(self, seq: Sequence) -> None:
+        """`seq` ends or is recomputed: if its copy is still in flight, the copy keeps its
+        blocks until it ends; if loaded, they are freed with it."""
+        if seq in self.loaded:
+            self.loaded.remove(seq)
+        else:
+            self.kv.abandon(seq)
+
     def _preempt(self, seq: Sequence, may_swap: bool = True) -> None:
+        # A swap keeps KV of the current weights only: a sequence admitted before a reset (new
+        # weights) is recomputed, as it would be without a host tier.
+        may_swap = may_swap and seq.cache_epoch == self.block_manager.epoch
         transfer_id = self.connector.swap_out(seq) if may_swap else None
         if transfer_id is None:
             self.block_manager.free(seq)

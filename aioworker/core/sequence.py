@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
-    # Not scheduled: its blocks are being filled from another tier (core/kv_connector.py).
+    # Not scheduled yet: its blocks are being filled, or were, from another tier
+    # (core/kv_connector.py).
     LOADING = "loading"
     RUNNING = "running"
     FINISHED = "finished"
