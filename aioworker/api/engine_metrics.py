@@ -1,8 +1,8 @@
 """The engine's metrics on the gateway's /metrics, named as the ranks name theirs (`aioworker:`,
 the shapes vLLM's dashboards read) and labelled `model_name`: requests by finish reason, tokens,
 and TTFT, inter-token and end-to-end latency as the gateway sees each request; running and
-waiting requests, KV cache usage and prefix-cache tokens from each group's latest driver
-heartbeat (labelled `group` too), read when scraped."""
+waiting requests, KV cache usage, prefix-cache tokens and the host KV tier's figures from each
+group's latest driver heartbeat (labelled `group` too), read when scraped."""
 
 from __future__ import annotations
 

@@ -57,6 +57,8 @@ columns:
              shard; quantized and packed copies, and a separate draft's, included)
   EXPERTS    MoE models: the rank's experts (first-last) and its busiest expert's tokens
              over its experts' mean since it started (x1.00 = even; - for a dense model)
+  HOST_KV    the host KV tier (shown when a group has one; driver only): blocks used/total,
+             and "37hit": prefix blocks loaded back from the host since the group started
   AGE_S      seconds since this rank's last beat arrived here
 
 --check (liveness) exits 0 when every rank of the deployment beats and none is FAILED,

@@ -17,7 +17,7 @@ from aioworker.core.expert_load import ExpertLoad, summary
 from aioworker.core.loaded_rank import LoadedRank
 from aioworker.runtime.admin import AdminHandler
 from aioworker.runtime.group_control import GroupControl
-from aioworker.runtime.heartbeat import ServingInfo, expert_info, weights_info
+from aioworker.runtime.heartbeat import ServingInfo, expert_info, host_kv_info, weights_info
 from aioworker.runtime.hung import watch_for_hung_steps
 from aioworker.runtime.intake import RequestIntake
 from aioworker.runtime.lifecycle import FatalError
@@ -187,7 +187,19 @@ class Driver:
             *((policy.num_proposed, policy.num_accepted, policy.num_verified) if policy else ()),
             **weights_info(self.loaded),
             **expert_info(self.loaded),
+            **scheduler.connector.stats(),
         )
+
+    def host_kv_status(self, info: ServingInfo) -> dict[str, Any]:
+        """The host KV tier's figures, with its free blocks; none without a tier."""
+        if not info.host_kv_blocks_total:
+            return {}
+        return {
+            "host_kv_blocks_total": info.host_kv_blocks_total,
+            "host_kv_blocks_used": info.host_kv_blocks_used,
+            "host_kv_blocks_free": info.host_kv_blocks_total - info.host_kv_blocks_used,
+            **host_kv_info(info),  # the rest after them: keys already set keep their place
+        }
 
     def guided_status(self) -> dict[str, Any]:
         """Guided decoding: requests whose grammar compiles now, grammars that failed to compile,
@@ -305,6 +317,7 @@ class Driver:
             "prefix_hit_rate": round(
                 info.prefix_hit_tokens / max(1, info.prefix_queried_tokens), 4
             ),
+            **self.host_kv_status(info),
             "spec_draft_tokens": info.spec_draft_tokens,
             "spec_accepted_tokens": info.spec_accepted_tokens,
             "spec_acceptance_rate": round(

@@ -50,6 +50,28 @@ class ServingInfo(NamedTuple):
     expert_tokens: tuple[int, ...] = ()
     expert_steps: int = 0
     expert_layers: int = 0
+    # The host KV tier (driver; 0 without one): HostKvConnector.stats() under the same names.
+    host_kv_blocks_total: int = 0
+    host_kv_blocks_used: int = 0
+    host_kv_blocks_cached: int = 0
+    host_kv_hit_blocks: int = 0
+    host_kv_saved_blocks: int = 0
+    host_kv_swaps_out: int = 0
+    host_kv_swaps_in: int = 0
+    host_kv_copy_failures: int = 0
+    host_kv_bytes_saved: int = 0
+    host_kv_bytes_loaded: int = 0
+    host_kv_ms_saving: float = 0.0
+    host_kv_ms_loading: float = 0.0
+
+
+# The host tier's figures, named alike in ServingInfo, Heartbeat and `admin status`.
+HOST_KV_FIELDS = tuple(name for name in ServingInfo._fields if name.startswith("host_kv_"))
+
+
+def host_kv_info(info: ServingInfo) -> dict[str, Any]:
+    """The host tier's figures of `info` (all 0 without a tier)."""
+    return {name: getattr(info, name) for name in HOST_KV_FIELDS}
 
 
 def expert_info(loaded: LoadedRank | None) -> dict[str, Any]:
@@ -132,6 +154,7 @@ class HeartbeatSource:
             expert_tokens=list(info.expert_tokens),
             expert_steps=info.expert_steps,
             expert_layers=info.expert_layers,
+            **host_kv_info(info),
             interval_s=self.interval_s,
             sent_at=time.time(),
             detail=self.lifecycle.detail,

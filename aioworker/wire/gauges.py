@@ -16,6 +16,13 @@ def _field(name: str) -> Callable[[Any], float]:
     return lambda state: float(getattr(state, name))
 
 
+def _seconds(ms_name: str) -> Callable[[Any], float]:
+    return lambda state: getattr(state, ms_name) / 1e3
+
+
+_HOST_KV = "Host KV tier (0 without one): "
+
+
 # name, help, how to read it from a Heartbeat or a rank's ServingInfo.
 STATE_GAUGES: tuple[tuple[str, str, Callable[[Any], float]], ...] = (
     ("aioworker:num_requests_running", "Requests being computed.", _field("num_running")),
@@ -50,5 +57,65 @@ STATE_GAUGES: tuple[tuple[str, str, Callable[[Any], float]], ...] = (
         "aioworker:spec_decode_num_verified",
         "Sequences verified (one per sequence per step with drafts), since the group started.",
         _field("spec_verified"),
+    ),
+    (
+        "aioworker:host_kv_blocks_total",
+        _HOST_KV + "its blocks.",
+        _field("host_kv_blocks_total"),
+    ),
+    (
+        "aioworker:host_kv_blocks_used",
+        _HOST_KV + "blocks in use: cached prefixes, swapped-out sequences, copies in flight.",
+        _field("host_kv_blocks_used"),
+    ),
+    (
+        "aioworker:host_kv_blocks_cached",
+        _HOST_KV + "blocks holding a cached prefix.",
+        _field("host_kv_blocks_cached"),
+    ),
+    (
+        "aioworker:host_kv_hit_blocks",
+        _HOST_KV + "prefix blocks loaded back to the device, since the group started.",
+        _field("host_kv_hit_blocks"),
+    ),
+    (
+        "aioworker:host_kv_saved_blocks",
+        _HOST_KV + "prefix blocks copied to it, since the group started.",
+        _field("host_kv_saved_blocks"),
+    ),
+    (
+        "aioworker:host_kv_swaps_out",
+        _HOST_KV + "preempted sequences swapped out to it, since the group started.",
+        _field("host_kv_swaps_out"),
+    ),
+    (
+        "aioworker:host_kv_swaps_in",
+        _HOST_KV + "swapped-out sequences loaded back, since the group started.",
+        _field("host_kv_swaps_in"),
+    ),
+    (
+        "aioworker:host_kv_copy_failures",
+        _HOST_KV + "copies that failed either way, since the group started.",
+        _field("host_kv_copy_failures"),
+    ),
+    (
+        "aioworker:host_kv_bytes_saved",
+        _HOST_KV + "bytes copied device to host (the driver's shard), since the group started.",
+        _field("host_kv_bytes_saved"),
+    ),
+    (
+        "aioworker:host_kv_bytes_loaded",
+        _HOST_KV + "bytes copied host to device (the driver's shard), since the group started.",
+        _field("host_kv_bytes_loaded"),
+    ),
+    (
+        "aioworker:host_kv_save_seconds",
+        _HOST_KV + "seconds of device-to-host copies, since the group started.",
+        _seconds("host_kv_ms_saving"),
+    ),
+    (
+        "aioworker:host_kv_load_seconds",
+        _HOST_KV + "seconds of host-to-device copies, since the group started.",
+        _seconds("host_kv_ms_loading"),
     ),
 )

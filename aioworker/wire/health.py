@@ -45,9 +45,11 @@ STALE = "STALE"
 
 COLUMNS = (
     "RANK", "STATE", "STEP", "STEP_S", "RUN", "WAIT", "KV_BLOCKS", "CACHED", "HIT%", "TOK/S",
-    "ACC%", "ACC_LEN", "WEIGHTS", "QUANT", "WEIGHT_MIB", "EXPERTS", "PID",
+    "ACC%", "ACC_LEN", "WEIGHTS", "QUANT", "WEIGHT_MIB", "EXPERTS", "HOST_KV", "PID",
     "AGE_S", "DETAIL",
 )  # fmt: skip
+# Shown only when some rank has what it shows: most deployments have no host tier.
+HOST_KV_COLUMN = "HOST_KV"
 
 RankKey = tuple[int, int]  # (group, rank inside the group)
 
@@ -153,6 +155,7 @@ def table_row(key: RankKey, seen: Seen | None, now: float) -> tuple[str, ...]:
         beat.quantization or "-",
         weight_mib(beat),
         experts_cell(beat),
+        host_kv_cell(beat),
         str(beat.pid),
         f"{now - seen.received_at:.1f}",
         beat.detail,
@@ -184,6 +187,14 @@ def experts_cell(beat: Heartbeat) -> str:
     return f"{beat.expert_first}-{last} x{imbalance(tokens_per_step(load)):.2f}"
 
 
+def host_kv_cell(beat: Heartbeat) -> str:
+    """The host KV tier: blocks used/total and prefix blocks loaded back since the rank started
+    ('120/4096 37hit'); '-' without a tier, and on a driver's peers (its beat has the group's)."""
+    if not beat.host_kv_blocks_total:
+        return "-"
+    return f"{beat.host_kv_blocks_used}/{beat.host_kv_blocks_total} {beat.host_kv_hit_blocks}hit"
+
+
 def format_mib(num_bytes: int) -> str:
     """Mebibytes: one decimal below 10 (a tiny model or draft), none from there."""
     mib = num_bytes / 2**20
@@ -197,11 +208,19 @@ def describe_weights(quantization: str, bytes_held: int, bytes_read: int) -> str
     )
 
 
-def format_table(rows: list[tuple[str, ...]]) -> str:
-    """Left-aligned columns under the COLUMNS header; the last column (DETAIL) is not padded."""
-    lines = [COLUMNS, *rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+def format_table(rows: list[tuple[str, ...]], hidden: frozenset[str] = frozenset()) -> str:
+    """Left-aligned columns under the COLUMNS header, less the `hidden` ones; the last column
+    (DETAIL) is not padded."""
+    shown = [i for i, name in enumerate(COLUMNS) if name not in hidden]
+    lines = [tuple(line[i] for i in shown) for line in [COLUMNS, *rows]]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(shown) - 1)]
     return "\n".join(format_line(line, widths) for line in lines)
+
+
+def hidden_columns(beats: list[Heartbeat]) -> frozenset[str]:
+    """HOST_KV unless some rank beats a host tier."""
+    has_host_tier = any(beat.host_kv_blocks_total for beat in beats)
+    return frozenset() if has_host_tier else frozenset({HOST_KV_COLUMN})
 
 
 def format_line(cells: tuple[str, ...], widths: list[int]) -> str:
@@ -229,7 +248,8 @@ class BeatTable:
         return [table_row(key, self.latest.get(key), now) for key in self.keys()]
 
     def render(self, now: float) -> str:
-        return format_table(self.rows(now))
+        beats = [seen.beat for seen in self.latest.values()]
+        return format_table(self.rows(now), hidden_columns(beats))
 
     def unhealthy(self, now: float) -> dict[RankKey, str]:
         """Rank -> why it is unhealthy, for every unhealthy rank (the liveness probe)."""

@@ -27,7 +27,8 @@ from aioworker.wire.admin_commands import ADMIN_COMMANDS
 # made on the executor (StepPlan.num_next_drafts asks, StepResult.next_drafts answers).
 # 8: each rank's quantization and weight bytes (held, read per step) in heartbeats and PeerReady.
 # 9: guided decoding (SamplingParams.guided; SamplingSettings.guided in plans).
-PROTOCOL_VERSION = 9
+# 10: the driver's host KV tier figures in heartbeats (a monitor of 9 would refuse the fields).
+PROTOCOL_VERSION = 10
 VERSION_FRAME = bytes([PROTOCOL_VERSION])
 
 # Upper bounds checked at decode time so a hostile frame cannot make us allocate without limit.
@@ -224,6 +225,23 @@ class Heartbeat(_Message, tag="heartbeat"):
     expert_tokens: list[int] = []
     expert_steps: int = 0
     expert_layers: int = 0
+    # The host KV tier (driver only; 0 without one). Its blocks: all, in use (cached prefixes,
+    # swapped-out sequences, copies in flight), holding cached prefixes. Since the rank started:
+    # prefix blocks loaded back from the host and copied to it, preempted sequences swapped out
+    # and back in, copies that failed, and the bytes and milliseconds of copies each way (of the
+    # driver's shard under tensor parallelism).
+    host_kv_blocks_total: int = 0
+    host_kv_blocks_used: int = 0
+    host_kv_blocks_cached: int = 0
+    host_kv_hit_blocks: int = 0
+    host_kv_saved_blocks: int = 0
+    host_kv_swaps_out: int = 0
+    host_kv_swaps_in: int = 0
+    host_kv_copy_failures: int = 0
+    host_kv_bytes_saved: int = 0
+    host_kv_bytes_loaded: int = 0
+    host_kv_ms_saving: float = 0.0
+    host_kv_ms_loading: float = 0.0
 
     @property
     def spec_acceptance_rate(self) -> float:

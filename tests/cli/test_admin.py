@@ -39,6 +39,7 @@ def test_status_reports_ready_with_its_data(capsys, ready_worker: Worker) -> Non
     assert record["ok"] is True and record["group"] == 0 and record["message"] == "READY"
     assert record["data"].keys() >= STATUS_KEYS
     assert record["data"]["kv_blocks_total"] == 65536  # the fake executor's default
+    assert not [key for key in record["data"] if key.startswith("host_kv")]  # it has no tier
     assert record["data"]["weights_per_rank"] == [
         {
             "rank": 0,

@@ -14,6 +14,7 @@ import msgspec
 from aioworker.cli.top import beat_json
 from aioworker.wire.health import (
     COLUMNS,
+    HOST_KV_COLUMN,
     MISSING,
     STALE,
     BeatTable,
@@ -98,7 +99,7 @@ def test_table_row_shows_every_field() -> None:
     row = table_row((1, 2), seen(0.5), NOW)
     assert row == (
         "1.2", "READY", "7", "0.25", "3", "1", "10/100", "6", "25.0", "123.5", "-", "-", "2",
-        "wint4", "118/96", "-", "42", "0.5", "",
+        "wint4", "118/96", "-", "-", "42", "0.5", "",
     )  # fmt: skip
 
 
@@ -120,6 +121,21 @@ def test_an_moe_ranks_row_shows_its_experts_and_their_imbalance() -> None:
     loading = seen(0.5, state="LOADING", quantization="", weight_bytes_held=0, weight_bytes_read=0)
     assert table_row((1, 2), loading, NOW)[13:15] == ("-", "-")
     assert table_row((0, 1), None, NOW) == ("0.1", MISSING) + ("-",) * (len(COLUMNS) - 2)
+
+
+HOST_TIER = dict(host_kv_blocks_total=4096, host_kv_blocks_used=120, host_kv_hit_blocks=37)
+
+
+def test_a_host_tier_gets_its_column_and_only_then() -> None:
+    table = BeatTable(expected_ranks(tp_size=2, dp_size=1))
+    table.record(make_beat(0, 0), received_at=NOW)
+    table.record(make_beat(0, 1), received_at=NOW)
+    assert HOST_KV_COLUMN not in table.render(NOW).splitlines()[0].split()
+    # The driver carries the group's tier; its peer shows none.
+    table.record(make_beat(0, 0, **HOST_TIER), received_at=NOW)
+    header, driver, peer = table.render(NOW).splitlines()
+    at = header.index(HOST_KV_COLUMN)
+    assert driver[at:].startswith("120/4096 37hit  ") and peer[at:].startswith("-  ")
 
 
 def test_format_table_aligns_columns() -> None:
@@ -166,7 +182,7 @@ def test_once_shows_the_rank_ready(capsys, ready_worker: Worker) -> None:
     code, out, _ = cli(capsys, "top", "--once", *ready_worker.args)
     assert code == 0
     header, row = out.splitlines()
-    assert header.split() == list(COLUMNS)
+    assert header.split() == [name for name in COLUMNS if name != HOST_KV_COLUMN]  # no tier
     assert row.split()[:2] == ["0.0", "READY"]
     # The fake executor's weights: model.quantization as configured, 120 MiB held, 96 read.
     assert row.split()[13:15] == ["none", "120/96"]

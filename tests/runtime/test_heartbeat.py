@@ -1,7 +1,8 @@
 """A rank beats at once when its state changes, and an admin reply leaves only after a beat that
 carries the state it reports: whoever reads the heartbeats (a client, a gateway) has seen the
 state by the time an admin command prints it, however long the beat interval. Every rank's
-beats, and its driver's status, say what each rank's weights amount to."""
+beats, and its driver's status, say what each rank's weights amount to, and the driver's what
+its host KV tier holds and has copied."""
 
 from __future__ import annotations
 
@@ -123,3 +124,26 @@ def test_each_rank_beats_its_own_weights_and_the_driver_reports_them_all(
     at = next(i for i, line in enumerate(lines) if line.split()[0] == "weights_per_rank")
     assert lines[at].split(maxsplit=1)[1] == "rank 0: wint4, 120 MiB held, 96 MiB read/step"
     assert lines[at + 1].strip() == "rank 1: wint4, 121 MiB held, 96 MiB read/step"
+
+
+def test_the_drivers_beats_and_status_carry_its_host_tier(tmp_path, host_tier) -> None:
+    config = inprocess_config(tmp_path)
+
+    async def scenario(group: InProcessGroup, client: Client):
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(group_endpoints(config.runtime, 0, 1).heartbeats[0])
+        try:
+            while (beat := HEARTBEAT_DECODER.decode(await sock.recv_multipart())).state != "READY":
+                pass
+        finally:
+            sock.close()
+        return beat, (await group.admin("status")).data
+
+    (beat, status), _ = run(scenario, config)
+    assert {name: getattr(beat, name) for name in host_tier} == host_tier
+    assert {name: status[name] for name in host_tier} == host_tier
+    assert status["host_kv_blocks_free"] == 4096 - 120
+    lines = [line.split() for line in format_status(0, status).splitlines()]
+    assert ["host_kv_blocks_free", "3976"] in lines and ["host_kv_hit_blocks", "37"] in lines
