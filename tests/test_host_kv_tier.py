@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from aioworker.core.outputs import FinishReason
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
 
@@ -113,3 +114,24 @@ def test_a_reset_between_turns_serves_nothing_from_the_host(tiered) -> None:
     hits_before = stats(tiered)["host_kv_hit_blocks"]
     chat(tiered, users, 1, rng)
     assert stats(tiered)["host_kv_hit_blocks"] == hits_before
+
+
+def test_a_failed_copy_ends_its_requests_with_one_error_each_and_the_rank_serves_on(
+    tiered, reference
+) -> None:
+    rng = random.Random(11)
+    users = [random_tokens(rng, 9 * BLOCK) for _ in range(6)]
+    chat(tiered, users, 1, rng)  # their prompts are on the host now
+    copier = tiered.executor.runner.kv_copies
+    copier.fail_copies = True
+    failed = tiered.generate(users, GREEDY)
+    copier.fail_copies = False
+    lost = [c for c in failed if c.finish_reason is FinishReason.ERROR]
+    assert lost and stats(tiered)["host_kv_copy_failures"] > 0
+    for completion in lost:
+        assert completion.token_ids == [] and "failed copy" in completion.error
+    served = [c for c in failed if c.finish_reason is not FinishReason.ERROR]
+    expected = {tuple(c.prompt_token_ids): c.token_ids for c in reference.generate(users, GREEDY)}
+    assert all(c.token_ids == expected[tuple(c.prompt_token_ids)] for c in served)
+    again = tiered.generate(users, GREEDY)
+    assert [c.token_ids for c in again] == [expected[tuple(u)] for u in users]
