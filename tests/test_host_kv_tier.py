@@ -135,3 +135,34 @@ def test_a_failed_copy_ends_its_requests_with_one_error_each_and_the_rank_serves
     assert all(c.token_ids == expected[tuple(c.prompt_token_ids)] for c in served)
     again = tiered.generate(users, GREEDY)
     assert [c.token_ids for c in again] == [expected[tuple(u)] for u in users]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_with_graphs_a_chat_and_swaps_equal_the_tier_off(tmp_path) -> None:
+    from tests.tiny_models import build_tiny_model
+
+    build_tiny_model("qwen3", tmp_path)
+    gpu = {"device.kind": "cuda", "model.dtype": "float32", "model.path": str(tmp_path)}
+    rng = random.Random(4)
+    users = [random_tokens(rng, 9 * BLOCK)[:] for _ in range(6)]
+    users = [[t % 384 for t in u] for u in users]
+    swap_prompts = [[t % 384 for t in random_tokens(rng, 100 + 7 * i)] for i in range(6)]
+    long = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    results = {}
+    for host_bytes in (0, 64 << 20):
+        settings = {**gpu, **TINY_DEVICE, "cache.host_kv_bytes": host_bytes,
+                    "cache.preemption": "swap"}  # fmt: skip
+        from aioworker.config import load_config
+        from aioworker.engine import LLMEngine
+
+        engine = LLMEngine.from_config(load_config(overrides=settings), progress=False)
+        try:
+            assert engine.executor.runner.graphs is not None
+            answers = chat(engine, [list(u) for u in users], 2, random.Random(9))
+            swapped = [c.token_ids for c in engine.generate(swap_prompts, long)]
+            results[host_bytes] = (answers, swapped, stats(engine))
+        finally:
+            engine.close()
+    assert results[0][:2] == results[64 << 20][:2]
+    counts = results[64 << 20][2]
+    assert counts["host_kv_hit_blocks"] >= 6 * 9 and counts["host_kv_swaps_in"] > 0

@@ -74,3 +74,40 @@ def test_a_pool_too_large_names_the_key_and_the_size() -> None:
         allocate_host_pool(1 << 30, 1 << 30, pin=False)  # an exbibyte
     assert "cache.host_kv_bytes" in str(error.value)
     assert "1073741824.00 GiB" in str(error.value)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_blocks_round_trip_bit_exactly_while_a_step_runs() -> None:
+    """Copies run on their own stream: a save issued before a long kernel on the compute stream
+    overlaps it, and the blocks come back bit for bit."""
+    device = torch.device("cuda")
+    kv = layers(token_major_shape, torch.bfloat16, "cuda")
+    big = [SimpleNamespace(k_cache=torch.randn(512, 16, 8, 128, device=device, dtype=torch.bfloat16),
+                           v_cache=torch.randn(512, 16, 8, 128, device=device, dtype=torch.bfloat16))
+           for _ in range(8)]  # fmt: skip
+    for caches, blocks in ((kv, [1, 6]), (big, list(range(0, 512, 2)))):
+        copies = HostKvCopies(lambda c=caches: c, len(blocks), device)
+        saved = [block(caches, 0, b) for b in blocks]
+        copies.issue(KvTransfers(saves=[KvCopy(0, blocks, list(range(len(blocks))))]))
+        x = torch.randn(4096, 4096, device=device)
+        started, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        started.record()
+        for _ in range(20):  # the step: on the compute stream, queued after the save
+            x = x @ x / 64
+        ended.record()
+        copies.wait_all()
+        copy = copies._in_flight[0]
+        if caches is big:  # the save's window overlaps the step's
+            torch.cuda.synchronize()
+            assert copy.started.elapsed_time(ended) > 0 and started.elapsed_time(copy.ended) > 0
+        for layer in caches:
+            layer.k_cache.zero_()
+            layer.v_cache.zero_()
+        copies.issue(
+            KvTransfers(loads=[KvCopy(1, blocks, list(range(len(blocks))))], completed=[0])
+        )
+        report = copies.report(wait=True)
+        assert report.done == [0, 1] and report.seconds_saving > 0
+        for want, b in zip(saved, blocks, strict=True):
+            got = block(caches, 0, b)
+            assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
