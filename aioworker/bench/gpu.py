@@ -104,7 +104,16 @@ def free(engine) -> None:
     for layer in layers:
         layer.k_cache = layer.v_cache = torch.empty(0)
     gc.collect()
+    release_cached_memory()
+
+
+def release_cached_memory() -> None:
+    """Hand freed device memory back, and freed pinned host memory (a host KV tier's pool):
+    torch keeps both cached for reuse otherwise, and pinned blocks only for the same size."""
     torch.cuda.empty_cache()
+    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)
+    if host_empty_cache is not None:
+        host_empty_cache()
 
 
 def random_prompt(length: int, vocab: int, rng: random.Random) -> list[int]:

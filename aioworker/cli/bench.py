@@ -9,7 +9,7 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
-GPU_WORKLOADS = ("w1", "w4", "w5", "w6", "w7", "w8", "moe")
+GPU_WORKLOADS = ("w1", "w4", "w5", "w6", "w7", "w8", "w9", "moe")
 WORKLOAD_HELP = (
     "b1: batch-1 decode tokens/s; c16: 16 concurrent 64-in/64-out requests (both against "
     "transformers, the default); control: the control plane alone, with an executor that "
@@ -19,7 +19,12 @@ WORKLOAD_HELP = (
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
     "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
-    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); moe: the fused expert kernel against the "
+    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: "
+    "the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); w9: a "
+    "multi-turn chat (128 users x 8 turns, Llama-3.1-8B shape, device KV a quarter of the "
+    "working set) with the host KV tier off against on, the tier's copy rates beside plain "
+    "pinned copies, and W1 with the tier on against off (GPU); moe: the fused expert kernel "
+    "against the "
     "per-expert loop, batch-1 decode beside its floor on the Qwen3-30B-A3B and ERNIE-4.5-21B-A3B "
     "shapes, and W1 on Qwen3-30B-A3B beside dense Qwen3-8B (GPU); "
     "guided: a 10-field JSON schema against the same requests unguided, per-step time and "
@@ -41,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-reference", action="store_true", help="GPU workloads: skip the transformers baseline"
     )
     parser.add_argument(
+        "--w9-users",
+        type=int,
+        default=128,
+        metavar="N",
+        help="GPU workload w9: this many users (default 128, the issue's; fewer run faster)",
+    )
+    parser.add_argument(
         "--record",
         metavar="FILE",
         help="append the table, dated, to FILE (e.g. docs/benchmarks.md)",
@@ -50,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.workload and all(w in GPU_WORKLOADS for w in args.workload):
-        return run_gpu(args.workload, not args.no_reference, args.record)
+        if args.w9_users < 1:
+            return fail(f"--w9-users is {args.w9_users}; give 1 or more (128 by default)")
+        return run_gpu(args.workload, not args.no_reference, args.record, args.w9_users)
     if args.workload == ["control"]:
         return run_control_plane(args.record)
     if args.workload == ["api"]:
@@ -74,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
     return run_offline(args)
 
 
-def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> int:
-    from aioworker.bench import gpu, gpu_moe, gpu_quant, gpu_run
+def run_gpu(
+    workloads: list[str], with_reference: bool, record: str | None, w9_users: int = 128
+) -> int:
+    from aioworker.bench import gpu, gpu_host_tier, gpu_host_tier_run, gpu_moe, gpu_quant, gpu_run
     from aioworker.bench.report import append_to_doc
 
     limits = gpu.measure_limits()
@@ -90,6 +106,7 @@ def run_gpu(workloads: list[str], with_reference: bool, record: str | None) -> i
         "w6": lambda: gpu_run.run_w6(limits),
         "w7": lambda: gpu_run.run_w7(limits),
         "w8": lambda: gpu_quant.run(limits),
+        "w9": lambda: gpu_host_tier_run.run(gpu_host_tier.ChatScale(num_users=w9_users)),
         "moe": lambda: gpu_moe.run(limits),
     }
     for name in workloads:
