@@ -63,45 +63,38 @@ def test_a_chat_whose_history_is_evicted_loads_it_back_and_answers_the_same(
     reference_answers = chat(reference, [list(u) for u in users], 2, random.Random(9))
     assert tiered_answers == reference_answers
     counts = stats(tiered)
-    # Each user's second turn found its first turn's prompt on the host, not the device.
-    assert counts["host_kv_hit_blocks"] >= 6 * 9
-    assert tiered.block_manager.num_hit_tokens < 6 * BLOCK
+    # Each user's second turn found its first turn's prompt in one tier or the other; the
+    # device holds two users' histories at most, so most came from the host.
+    device_hit_blocks = tiered.block_manager.num_hit_tokens // BLOCK
+    assert device_hit_blocks + counts["host_kv_hit_blocks"] >= 6 * 9
+    assert counts["host_kv_hit_blocks"] >= 3 * 9
     assert counts["host_kv_saved_blocks"] > 0
     assert counts["host_kv_bytes_loaded"] == counts["host_kv_hit_blocks"] * (
         tiered.loaded.kv_block_bytes
     )
 
 
-def test_preemption_swaps_and_answers_the_same(embedded_model_dir, reference) -> None:
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_swaps_or_recomputes_as_set_and_answers_the_same(
+    embedded_model_dir, reference, mode: str
+) -> None:
     rng = random.Random(3)
     prompts = [random_tokens(rng, 100 + 7 * i) for i in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     engine = make_engine(
-        embedded_model_dir, **TINY_DEVICE, **HOST_TIER, **{"cache.preemption": "swap"}
+        embedded_model_dir, **TINY_DEVICE, **HOST_TIER, **{"cache.preemption": mode}
     )
     try:
         got = [c.token_ids for c in engine.generate(prompts, params)]
         counts = stats(engine)
         assert engine.scheduler.num_preemptions > 0
+    finally:
+        engine.close()
+    if mode == "swap":
         assert counts["host_kv_swaps_out"] > 0 and counts["host_kv_swaps_in"] > 0
-    finally:
-        engine.close()
+    else:
+        assert counts["host_kv_swaps_out"] == 0
     assert got == [c.token_ids for c in reference.generate(prompts, params)]
-
-
-def test_recompute_mode_never_swaps(embedded_model_dir) -> None:
-    rng = random.Random(3)
-    prompts = [random_tokens(rng, 100 + 7 * i) for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    engine = make_engine(
-        embedded_model_dir, **TINY_DEVICE, **HOST_TIER, **{"cache.preemption": "recompute"}
-    )
-    try:
-        engine.generate(prompts, params)
-        assert engine.scheduler.num_preemptions > 0
-        assert stats(engine)["host_kv_swaps_out"] == 0
-    finally:
-        engine.close()
 
 
 def test_a_reset_between_turns_serves_nothing_from_the_host(tiered) -> None:

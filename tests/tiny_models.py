@@ -3,6 +3,7 @@ safetensors, for parity tests against transformers."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -119,3 +120,17 @@ def build_tiny_model(
     model.generation_config.pad_token_id = 0
     model.save_pretrained(out_dir)
     return model.eval()
+
+
+def scaled_checkpoint(path: Path, into: Path, part: str) -> Path:
+    """A copy of the checkpoint at `path` in `into`, with every tensor whose name holds `part`
+    tripled: other tokens from the same shapes (a weights update to check)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    into.mkdir()
+    shutil.copy(path / "config.json", into)
+    save_file(
+        {n: t * 3 if part in n else t for n, t in tensors.items()}, str(into / "model.safetensors")
+    )
+    return into

@@ -6,15 +6,16 @@ A block is in one of three places: in use (reference count > 0), free and empty,
 cached (reference count 0, still holding KV that a later prefix may hit). New blocks come from
 the empty ones first, then from the cached ones, least recently freed first (evicting them).
 
-With a KV connector that saves freed blocks (a host tier), a cached block that loses its last
-user may be held instead: still a prefix hit, never evicted, until its copy out is reported and
-`release_held` frees it.
+With a KV connector that keeps blocks in another tier (a host tier), the cached free blocks next
+in line for eviction are copied out ahead of it (`next_to_evict`, `hold`): while its copy runs,
+a block is held (still a prefix hit, never reused), and once `release_held` says the copy
+ended it is *saved*, so evicting it loses nothing. Nothing is copied while empty blocks are
+plentiful: a workload that never evicts never copies.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
 
 from aioworker.core.block_hashes import BlockHasher, BlockKey
 from aioworker.core.sequence import Sequence
@@ -41,10 +42,10 @@ class BlockManager:
         # Prompt tokens looked up, and found computed already.
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
-        # Cached blocks that lost their last user, and are copied out before they may be reused:
-        # the hook (the scheduler's, from its KV connector) returns the ones it holds.
-        self.hold_freed: Callable[[list[tuple[int, BlockKey]]], list[int]] | None = None
+        # Cached free blocks being copied to another tier (never reused meanwhile), and cached
+        # blocks whose KV that tier holds (evicting them loses nothing).
         self._held: set[int] = set()
+        self.saved: set[int] = set()
 
     # -- counts -------------------------------------------------------------------------------
 
@@ -107,35 +108,56 @@ class BlockManager:
 
     def free_blocks(self, block_ids: list[int]) -> None:
         """Drop one reference to each block of a block table."""
-        cached = []
         # In reverse, so a sequence's tail blocks are evicted before its prefix.
         for block_id in reversed(block_ids):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0 and block_id not in self._held:
                 if block_id in self._key_of_block:
-                    cached.append(block_id)
-                else:
-                    self._empty.append(block_id)
-        if not cached:
-            return
-        held = ()
-        if self.hold_freed is not None:
-            key_of = self._key_of_block
-            held = set(self.hold_freed([(block_id, key_of[block_id]) for block_id in cached]))
-            self._held.update(held)
-        for block_id in cached:
-            if block_id not in held:
-                self._cached_free[block_id] = None
-
-    def release_held(self, block_ids: list[int]) -> None:
-        """Held blocks whose copy out ended: free now, unless a prefix hit took them meanwhile."""
-        for block_id in block_ids:
-            self._held.discard(block_id)
-            if self.ref_counts[block_id] == 0:
-                if block_id in self._key_of_block:
                     self._cached_free[block_id] = None
                 else:
                     self._empty.append(block_id)
+
+    # -- another tier -------------------------------------------------------------------------
+
+    def next_to_evict(self, reserve: int) -> list[tuple[int, BlockKey]]:
+        """Unsaved cached free blocks, oldest first, that must be copied out for `reserve` blocks
+        to be taken without losing a cached one; empty while that many are empty or saved."""
+        short = reserve - len(self._empty)
+        if short <= 0:
+            return []
+        unsaved = []
+        for block_id in self._cached_free:
+            if block_id not in self.saved:
+                unsaved.append((block_id, self._key_of_block[block_id]))
+            short -= 1
+            if short <= 0:
+                break
+        return unsaved
+
+    def hold(self, block_ids: list[int]) -> None:
+        """Cached free blocks being copied out: not taken until `release_held`."""
+        for block_id in block_ids:
+            del self._cached_free[block_id]
+        self._held.update(block_ids)
+
+    def release_held(self, block_ids: list[int], saved: bool) -> None:
+        """Held blocks whose copy ended (`saved`: it succeeded). Free ones go back where they
+        were in eviction order, first."""
+        for block_id in reversed(block_ids):
+            self._held.discard(block_id)
+            if block_id not in self._key_of_block:
+                if self.ref_counts[block_id] == 0:  # a reset forgot it meanwhile
+                    self._empty.append(block_id)
+                continue
+            if saved:
+                self.saved.add(block_id)
+            if self.ref_counts[block_id] == 0:
+                self._cached_free[block_id] = None
+                self._cached_free.move_to_end(block_id, last=False)
+
+    def mark_saved(self, block_ids: list[int]) -> None:
+        """Cached blocks whose KV the other tier holds already."""
+        self.saved.update(block_ids)
 
     def trim(self, seq: Sequence, num_tokens: int) -> int:
         """Give back the tail blocks of `seq` beyond what its first `num_tokens` tokens need
@@ -158,6 +180,7 @@ class BlockManager:
         else:
             block_id, _ = self._cached_free.popitem(last=False)  # evict the oldest
             del self._block_of_key[self._key_of_block.pop(block_id)]
+            self.saved.discard(block_id)
         self.ref_counts[block_id] = 1
         return block_id
 
@@ -236,4 +259,5 @@ class BlockManager:
         self._cached_free.clear()
         self._block_of_key.clear()
         self._key_of_block.clear()
+        self.saved.clear()
         return dropped

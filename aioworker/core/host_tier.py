@@ -1,6 +1,6 @@
-"""The host KV tier's scheduler half (a KvConnector, core/kv_connector.py): cached blocks that
-lose their last device user are copied to host memory, a later prefix that misses the device
-but hits the host loads them back, and a preempted sequence is swapped out where copying its KV
+"""The host KV tier's scheduler half (a KvConnector, core/kv_connector.py): cached blocks next in
+line for eviction from the device are copied to host memory first, a later prefix that misses
+the device but hits the host loads them back, and a preempted sequence is swapped out where copying its KV
 out and back costs less than recomputing it. Torch-free; the copies are compute/host_kv.py's.
 
 Host blocks are addressed by the same content keys as device blocks, so a prefix hits either
@@ -15,7 +15,7 @@ from typing import Literal
 
 from aioworker.core.block_hashes import BlockKey
 from aioworker.core.host_slots import HostSlots
-from aioworker.core.kv_connector import ExternalMatch, KvCopy, KvReport
+from aioworker.core.kv_connector import ExternalMatch, KvCopy, KvReport, Saving
 from aioworker.core.sequence import Sequence
 
 PreemptionMode = Literal["auto", "swap", "recompute"]
@@ -37,7 +37,7 @@ class _Load:
 
 
 class HostKvConnector:
-    saves_freed_blocks = True
+    writes_back = True
 
     def __init__(
         self,
@@ -105,13 +105,15 @@ class HostKvConnector:
 
     # -- copies out ---------------------------------------------------------------------------
 
-    def save_freed(self, blocks: list[tuple[int, BlockKey]]) -> tuple[int, list[int]] | None:
+    def save_cached(self, blocks: list[tuple[int, BlockKey]]) -> Saving:
+        present = [(block_id, key) for block_id, key in blocks if key in self.slots]
+        self.slots.touch([key for _, key in present])
         new = [(block_id, key) for block_id, key in blocks if key not in self.slots]
         slots = self.slots.take_up_to(len(new))
+        present_ids = [block_id for block_id, _ in present]
         if not slots:
-            return None
-        # Too few: save the blocks nearest the prefix's start (`blocks` come tail first).
-        new = new[len(new) - len(slots) :]
+            return Saving(None, [], present_ids)
+        new = new[: len(slots)]  # too few: the next to be evicted first
         transfer_id = next(self._transfer_ids)
         self.slots.pin(slots)
         self._saves[transfer_id] = (
@@ -120,7 +122,7 @@ class HostKvConnector:
         )
         block_ids = [block_id for block_id, _ in new]
         self._pending_saves.append(KvCopy(transfer_id, block_ids, slots))
-        return transfer_id, block_ids
+        return Saving(transfer_id, block_ids, present_ids)
 
     def swap_out(self, seq: Sequence) -> int | None:
         if self.preemption == "recompute" or seq.needs_prompt_logprobs:

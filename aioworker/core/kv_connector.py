@@ -8,8 +8,9 @@ Scheduler half (`KvConnector`, here, on the engine core's thread):
                      sequence's tokens the connector can supply, and from where.
     load()         - after the scheduler gave the sequence device blocks: queue the copy into
                      them; the sequence waits, holding its blocks, until the copy is reported.
-    save_freed()   - blocks with a content address lost their last user: queue copies out; the
-                     block manager holds each one (never reused, still a prefix hit) until then.
+    save_cached()  - the cached free blocks next in line for eviction, while empty blocks run
+                     short: queue copies out of those the connector lacks; the block manager
+                     holds each (never reused, still a prefix hit) until the copy is reported.
     swap_out()     - a running sequence is preempted: queue a copy of its KV, or say no (it is
                      then recomputed); its blocks are held until the copy is reported.
     forget()       - a sequence ended, or started without what the connector kept for it.
@@ -73,6 +74,16 @@ class KvReport(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fiel
 
 
 @dataclass(frozen=True, slots=True)
+class Saving:
+    """What `save_cached` does with the blocks it was given: copies some out (one transfer),
+    already holds others; the rest it has no room for."""
+
+    transfer_id: int | None
+    copied: list[int]
+    present: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class ExternalMatch:
     """What `match` found: `num_tokens` more tokens past the device's, and where they are."""
 
@@ -82,8 +93,8 @@ class ExternalMatch:
 
 class KvConnector(Protocol):
     @property
-    def saves_freed_blocks(self) -> bool:
-        """Whether `save_freed` wants to hear of freed blocks at all."""
+    def writes_back(self) -> bool:
+        """Whether `save_cached` wants to hear of blocks next to be evicted at all."""
         ...
 
     def match(
@@ -98,8 +109,8 @@ class KvConnector(Protocol):
         returns its transfer id."""
         ...
 
-    def save_freed(self, blocks: list[tuple[int, BlockKey]]) -> tuple[int, list[int]] | None:
-        """(transfer id, the block ids it copies out) or None; the rest are free at once."""
+    def save_cached(self, blocks: list[tuple[int, BlockKey]]) -> Saving:
+        """`blocks`: (block id, content address), next to be evicted first."""
         ...
 
     def swap_out(self, seq: Sequence) -> int | None:
@@ -128,7 +139,7 @@ class KvConnector(Protocol):
 class NoKvConnector:
     """The default: nothing beyond the device cache, so scheduling is exactly what it was."""
 
-    saves_freed_blocks = False
+    writes_back = False
 
     def match(self, seq, num_device_tokens, keys_after) -> None:
         return None
@@ -136,8 +147,8 @@ class NoKvConnector:
     def load(self, seq, match, block_ids) -> int:
         raise AssertionError("NoKvConnector matches nothing, so it never loads")
 
-    def save_freed(self, blocks) -> None:
-        return None
+    def save_cached(self, blocks) -> Saving:
+        return Saving(None, [], [])
 
     def swap_out(self, seq) -> None:
         return None

@@ -15,15 +15,15 @@ short, a sequence is scheduled without them.
 With a KV connector (core/kv_connector.py), a waiting sequence may start from KV the connector
 supplies past the device's prefix hits: it is LOADING, holding its blocks, until the copy is
 reported, and runs from there. A preempted sequence may be swapped out instead of recomputed,
-and cached blocks that lose their last user may be copied out; either way the blocks are held
-until the copy is reported. Plans carry the copies; a plan may carry only copies.
+and the cached free blocks next in line for eviction may be copied out first (while empty
+blocks run short); either way the blocks are held until the copy is reported. Plans carry the
+copies; a plan may carry only copies.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from aioworker.core.block_hashes import BlockKey
 from aioworker.core.block_manager import BlockManager
 from aioworker.core.kv_connector import (
     ExternalMatch,
@@ -58,8 +58,12 @@ class Scheduler:
         self.kv = KvInFlight()
         # Sequences whose KV a copy loaded: they run before any waiting one (they hold blocks).
         self.loaded: deque[Sequence] = deque()
-        if self.connector.saves_freed_blocks:
-            block_manager.hold_freed = self._hold_freed
+        # Cached free blocks kept saved ahead of eviction (a connector that writes back): what
+        # a step or two may take, or an eighth of the cache.
+        budget_blocks = block_manager.blocks_for_tokens(max_num_batched_tokens)
+        self.write_back_reserve = min(
+            block_manager.num_blocks, max(block_manager.num_blocks // 8, 2 * budget_blocks)
+        )
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -168,6 +172,8 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run (plan ids stay consecutive)."""
+        if self.connector.writes_back:  # before this step takes blocks: it may evict some
+            self._write_back()
         builder = PlanBuilder(self.block_manager)
         budget, preempted = self._schedule_running(self.max_num_batched_tokens, builder)
         if not preempted:
@@ -465,7 +471,12 @@ class Scheduler:
         blocks = self.block_manager
         num_ready = len(hits) * blocks.block_size + match.num_tokens
         num_tokens = min(len(seq.token_ids), num_ready + self.max_num_batched_tokens)
-        if blocks.blocks_for_tokens(num_tokens) - len(hits) > blocks.num_free_after(hits):
+        # A load takes a whole history's blocks at once: it leaves each running sequence its
+        # next block, or admitting it would only preempt one of them.
+        headroom = len(self.running)
+        if blocks.blocks_for_tokens(num_tokens) - len(hits) + headroom > blocks.num_free_after(
+            hits
+        ):
             return False
         self.waiting.popleft()
         blocks.use_cached(seq, hits)
@@ -515,14 +526,17 @@ class Scheduler:
         kv.completed = []
         return transfers
 
-    def _hold_freed(self, blocks: list[tuple[int, BlockKey]]) -> list[int]:
-        """The block manager's hook: cached blocks the connector copies out are held."""
-        saved = self.connector.save_freed(blocks)
-        if saved is None:
-            return []
-        transfer_id, block_ids = saved
-        self.kv.held_blocks[transfer_id] = block_ids
-        return block_ids
+    def _write_back(self) -> None:
+        """Copy out the cached free blocks next in line for eviction, so that evicting them
+        loses nothing; they are held meanwhile."""
+        blocks = self.block_manager.next_to_evict(self.write_back_reserve)
+        if not blocks:
+            return
+        saving = self.connector.save_cached(blocks)
+        self.block_manager.mark_saved(saving.present)
+        if saving.copied:
+            self.block_manager.hold(saving.copied)
+            self.kv.held_blocks[saving.transfer_id] = saving.copied
 
     def _take_kv_report(self, report: KvReport, step_id: int) -> list[RequestOutput]:
         """Copies that ended: their blocks go back, and the sequences they filled wait to run.
@@ -532,7 +546,7 @@ class Scheduler:
         lost = []
         for transfer_id in (*report.done, *report.failed):
             kv.completed.append(transfer_id)
-            blocks.release_held(kv.held_blocks.pop(transfer_id, ()))
+            blocks.release_held(kv.held_blocks.pop(transfer_id, ()), transfer_id not in failed)
             for table in kv.held_tables.pop(transfer_id, ()):
                 blocks.free_blocks(table)
             seqs = kv.loading.pop(transfer_id, ())

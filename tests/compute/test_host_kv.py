@@ -82,10 +82,15 @@ def test_on_the_gpu_blocks_round_trip_bit_exactly_while_a_step_runs() -> None:
     overlaps it, and the blocks come back bit for bit."""
     device = torch.device("cuda")
     kv = layers(token_major_shape, torch.bfloat16, "cuda")
-    big = [SimpleNamespace(k_cache=torch.randn(512, 16, 8, 128, device=device, dtype=torch.bfloat16),
-                           v_cache=torch.randn(512, 16, 8, 128, device=device, dtype=torch.bfloat16))
-           for _ in range(8)]  # fmt: skip
-    for caches, blocks in ((kv, [1, 6]), (big, list(range(0, 512, 2)))):
+    # Blocks of 8 MiB: the copy's time on the device outlasts the host's time to queue it.
+    big = [
+        SimpleNamespace(
+            k_cache=torch.randn(64, 256, 8, 128, device=device, dtype=torch.bfloat16),
+            v_cache=torch.randn(64, 256, 8, 128, device=device, dtype=torch.bfloat16),
+        )
+        for _ in range(8)
+    ]
+    for caches, blocks in ((kv, [1, 6]), (big, list(range(0, 64, 2)))):
         copies = HostKvCopies(lambda c=caches: c, len(blocks), device)
         saved = [block(caches, 0, b) for b in blocks]
         copies.issue(KvTransfers(saves=[KvCopy(0, blocks, list(range(len(blocks))))]))

@@ -116,7 +116,7 @@ class TwoTiers(RuleBasedStateMachine):
         connector = HostKvConnector(NUM_SLOTS, BLOCK_SIZE, 64, preemption)
         self.sched = Scheduler(blocks, 4, 8, MAX_MODEL_LEN, connector=connector)
 
-    @rule(prompt_len=st.integers(1, 12), max_tokens=st.integers(1, 6), shared=st.integers(0, 2))
+    @rule(prompt_len=st.integers(1, 12), max_tokens=st.integers(1, 6), shared=st.integers(0, 5))
     def add(self, prompt_len: int, max_tokens: int, shared: int) -> None:
         prompt = (
             [10 + shared] * 6 + [20 + self.next_id] * prompt_len if shared else [30] * prompt_len

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 from pathlib import Path
-
-from safetensors.torch import load_file, save_file
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.wire.client import Client
 from tests.conftest import make_engine
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_model, scaled_checkpoint
 from tests.workers import admin, deployment, running
 
 SETTINGS = {"model.dtype": "float32", "model.max_model_len": 256}
@@ -23,18 +20,6 @@ SETTINGS = {"model.dtype": "float32", "model.max_model_len": 256}
 TIERED = {"cache.num_blocks": 24, "cache.host_kv_bytes": 8 << 20, "cache.preemption": "swap"}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 NUM_USERS = 6
-
-
-def scaled_mlps(path: Path, into: Path) -> Path:
-    """The checkpoint with every MLP's down projection tripled: other tokens, same shapes."""
-    tensors = load_file(str(path / "model.safetensors"))
-    into.mkdir()
-    shutil.copy(path / "config.json", into)
-    save_file(
-        {n: t * 3 if "down_proj" in n else t for n, t in tensors.items()},
-        str(into / "model.safetensors"),
-    )
-    return into
 
 
 def next_turn(histories: list[list[int]], answers: list[list[int]], rng, vocab: int) -> None:
@@ -59,7 +44,7 @@ def one_rank(path: Path, histories: list[list[int]]) -> list[list[int]]:
 def test_two_ranks_with_a_host_tier_equal_one_rank_without(tmp_path) -> None:
     hf = build_tiny_model("qwen3", tmp_path / "model", logit_scale=4.0)
     path, vocab = tmp_path / "model", hf.config.vocab_size
-    updated = scaled_mlps(path, tmp_path / "updated")
+    updated = scaled_checkpoint(path, tmp_path / "updated", "down_proj")
     rng = random.Random(3)
     histories = [[rng.randrange(vocab) for _ in range(100 + u)] for u in range(NUM_USERS)]
     config, set_args = deployment(

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from aioworker.core.sampling_params import SamplingParams
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.client import Client
 from tests.conftest import make_engine
 from tests.runtime.test_reliability import failed_at
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_model, scaled_checkpoint
 from tests.workers import admin, deployment, kill, running
 
 SETTINGS = {"model.dtype": "float32", "cache.num_blocks": 256, "model.max_model_len": 256}
@@ -103,18 +100,6 @@ def test_two_ranks_equal_one(moe_model, expert_parallel: int) -> None:
         assert rank["imbalance"] >= 1.0
 
 
-def scaled_experts(path: Path, into: Path) -> Path:
-    """The checkpoint with every routed expert's weights tripled."""
-    tensors = load_file(str(path / "model.safetensors"))
-    into.mkdir()
-    shutil.copy(path / "config.json", into)
-    save_file(
-        {n: t * 3 if ".experts." in n else t for n, t in tensors.items()},
-        str(into / "model.safetensors"),
-    )
-    return into
-
-
 @pytest.mark.parametrize("moe_model", ["ernie4_5_moe"], indirect=True)
 def test_an_expert_parallel_group_updates_releases_and_notices_a_lost_rank(
     moe_model, tmp_path
@@ -131,7 +116,10 @@ def test_an_expert_parallel_group_updates_releases_and_notices_a_lost_rank(
     want = [t for t, s in zip(expected, params, strict=True) if s.temperature == 0][:2]
     with running(config, set_args) as (driver, peer):
         assert admin(
-            config, "update-weights", str(scaled_experts(path, tmp_path / "new")), timeout=60
+            config,
+            "update-weights",
+            str(scaled_checkpoint(path, tmp_path / "new", ".experts.")),
+            timeout=60,
         ).ok
         assert asyncio.run(generate_concurrently(config, greedy, greedy_params)) != want
         assert admin(config, "update-weights", str(path), timeout=60).ok
