@@ -35,11 +35,13 @@ def tiered(embedded_model_dir):
     engine.close()
 
 
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(200, 40000) for _ in range(n)]
+def random_tokens(rng: random.Random, n: int, vocab: int = 40000) -> list[int]:
+    return [rng.randrange(200, vocab) for _ in range(n)]
 
 
-def chat(engine, histories: list[list[int]], turns: int, rng: random.Random) -> list[list[int]]:
+def chat(
+    engine, histories: list[list[int]], turns: int, rng: random.Random, vocab: int = 40000
+) -> list[list[int]]:
     """Users take turns; each turn appends the answer and a new message to that user's history,
     and every other user's turn in between pushes it out of the device cache."""
     answers = []
@@ -47,7 +49,7 @@ def chat(engine, histories: list[list[int]], turns: int, rng: random.Random) -> 
         for history in histories:
             (completion,) = engine.generate([history], GREEDY)
             answers.append(completion.token_ids)
-            history.extend(completion.token_ids + random_tokens(rng, 5))
+            history.extend(completion.token_ids + random_tokens(rng, 5, vocab))
     return answers
 
 
@@ -137,9 +139,8 @@ def test_on_the_gpu_with_graphs_a_chat_and_swaps_equal_the_tier_off(tmp_path) ->
     build_tiny_model("qwen3", tmp_path)
     gpu = {"device.kind": "cuda", "model.dtype": "float32", "model.path": str(tmp_path)}
     rng = random.Random(4)
-    users = [random_tokens(rng, 9 * BLOCK)[:] for _ in range(6)]
-    users = [[t % 384 for t in u] for u in users]
-    swap_prompts = [[t % 384 for t in random_tokens(rng, 100 + 7 * i)] for i in range(6)]
+    users = [random_tokens(rng, 9 * BLOCK, 384) for _ in range(6)]
+    swap_prompts = [random_tokens(rng, 100 + 7 * i, 384) for i in range(6)]
     long = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     results = {}
     for host_bytes in (0, 64 << 20):
@@ -151,7 +152,7 @@ def test_on_the_gpu_with_graphs_a_chat_and_swaps_equal_the_tier_off(tmp_path) ->
         engine = LLMEngine.from_config(load_config(overrides=settings), progress=False)
         try:
             assert engine.executor.runner.graphs is not None
-            answers = chat(engine, [list(u) for u in users], 2, random.Random(9))
+            answers = chat(engine, [list(u) for u in users], 2, random.Random(9), 384)
             swapped = [c.token_ids for c in engine.generate(swap_prompts, long)]
             results[host_bytes] = (answers, swapped, stats(engine))
         finally:

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from aioworker.compute.small_copies import to_device
 from aioworker.core.kv_connector import KvCopy, KvReport, KvTransfers
 
-# Device memory for gathering the blocks of one copy (a copy of more blocks runs in parts).
-STAGING_BYTES = 64 << 20
+# Device memory for gathering the blocks of one copy (a copy of more blocks runs in parts): each
+# part costs the executor thread one gather per layer's K and V, so parts are large.
+STAGING_BYTES = 256 << 20
 
 
 class HostKvAllocationError(RuntimeError):
@@ -46,6 +48,18 @@ class _InFlight:
             return self.seconds
         self.ended.synchronize()
         return self.started.elapsed_time(self.ended) / 1e3
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    """(first row, first slot, count) of each run of consecutive slots: one transfer each, the
+    bytes of a run being contiguous in the pool and in staging."""
+    runs = []
+    for row, slot in enumerate(slots):
+        if runs and slot == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
+        else:
+            runs.append([row, slot, 1])
+    return [tuple(run) for run in runs]
 
 
 def kv_block_bytes(kv_layers: list, block_dim: int) -> int:
@@ -186,16 +200,16 @@ class HostKvCopies:
             for first in range(0, len(copy.device_block_ids), num_rows):
                 block_ids = copy.device_block_ids[first : first + num_rows]
                 slots = copy.tier_block_ids[first : first + num_rows]
-                blocks = torch.tensor(block_ids).to(self.device, non_blocking=True)
+                # Pinned: a pageable copy would make this thread wait for the steps queued.
+                blocks = to_device(self.device, block_ids, torch.long)
                 rows = self._staging[: len(block_ids)]
-                # One transfer per block: its bytes are contiguous in the pool and in staging.
                 if not is_save:
-                    for row, slot in enumerate(slots):
-                        rows[row].copy_(self.pool[slot], non_blocking=True)
+                    for row, slot, count in _runs(slots):
+                        rows[row : row + count].copy_(self.pool[slot : slot + count], True)
                 self._copy(is_save, rows, blocks)
                 if is_save:
-                    for row, slot in enumerate(slots):
-                        self.pool[slot].copy_(rows[row], non_blocking=True)
+                    for row, slot, count in _runs(slots):
+                        self.pool[slot : slot + count].copy_(rows[row : row + count], True)
             ended.record()
         return started, ended
 
