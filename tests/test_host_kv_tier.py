@@ -154,9 +154,11 @@ def test_on_the_gpu_with_graphs_a_chat_and_swaps_equal_the_tier_off(tmp_path) ->
             assert engine.executor.runner.graphs is not None
             answers = chat(engine, [list(u) for u in users], 2, random.Random(9), 384)
             swapped = [c.token_ids for c in engine.generate(swap_prompts, long)]
-            results[host_bytes] = (answers, swapped, stats(engine))
+            device_hits = engine.block_manager.num_hit_tokens // BLOCK
+            results[host_bytes] = (answers, swapped, stats(engine), device_hits)
         finally:
             engine.close()
     assert results[0][:2] == results[64 << 20][:2]
-    counts = results[64 << 20][2]
-    assert counts["host_kv_hit_blocks"] >= 6 * 9 and counts["host_kv_swaps_in"] > 0
+    counts, device_hits = results[64 << 20][2:]
+    assert device_hits + counts["host_kv_hit_blocks"] >= 6 * 9
+    assert counts["host_kv_hit_blocks"] >= 3 * 9 and counts["host_kv_swaps_in"] > 0
