@@ -62,18 +62,19 @@ class XgrammarBackend:
                 self._cache.move_to_end(key)
                 self.num_cache_hits += 1
                 return entry[0]
-            future = self._pool.submit(self._compile, guided)
+            future = self._pool.submit(self._compile, key, guided)
             self._cache[key] = (future, 0)
-        future.add_done_callback(lambda done: self._charge(key, done))
         return future
 
-    def _compile(self, guided: GuidedParams) -> xgr.CompiledGrammar:
+    def _compile(self, key: str, guided: GuidedParams) -> xgr.CompiledGrammar:
         try:
             compiled = self._compile_kind(guided)
         except Exception as exc:
+            self._charge(key, _FAILURE_BYTES)
             reason = _XGRAMMAR_PREFIX.sub("", str(exc)).strip()
             raise InvalidRequestError(f"guided.{guided.kind} does not compile: {reason}") from None
         self.num_compiled += 1
+        self._charge(key, compiled.memory_size_bytes)
         return compiled
 
     def _compile_kind(self, guided: GuidedParams) -> xgr.CompiledGrammar:
@@ -106,13 +107,15 @@ class XgrammarBackend:
                 )
             return self._compiler
 
-    def _charge(self, key: str, future: Future) -> None:
-        """Count a finished compile's bytes; drop the least recently used past the budget."""
-        size = _FAILURE_BYTES if future.exception() else future.result().memory_size_bytes
+    def _charge(self, key: str, size: int) -> None:
+        """Count a compile's bytes and drop the least recently used past the budget, before its
+        future resolves: whoever waited for it sees the budget kept (a done-callback ran after
+        the waiter woke, and a test saw the cache over its budget)."""
         with self._lock:
-            if key not in self._cache:
+            entry = self._cache.get(key)
+            if entry is None:
                 return
-            self._cache[key] = (future, size)
+            self._cache[key] = (entry[0], size)
             self._cached_bytes += size
             while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
                 oldest, (old_future, old_size) = next(iter(self._cache.items()))
