@@ -98,10 +98,6 @@ class BlockManager:
             self.ref_counts[block_id] += 1
         seq.block_table.extend(block_ids)
 
-    @property
-    def num_held_blocks(self) -> int:
-        return len(self._held)
-
     def free(self, seq: Sequence) -> None:
         self.free_blocks(seq.block_table)
         seq.block_table = []

@@ -19,15 +19,10 @@ class HostSlots:
         self._pins: Counter[int] = Counter()
         # Dropped while pinned: freed when the last pin goes.
         self._doomed: set[int] = set()
-        self.num_evicted = 0
 
     @property
     def num_free(self) -> int:
         return len(self._free)
-
-    @property
-    def num_pinned(self) -> int:
-        return len(self._pins)
 
     @property
     def num_cached(self) -> int:
@@ -72,7 +67,6 @@ class HostSlots:
         for key, slot in self._slot_of_key.items():
             if not self._pins[slot]:
                 del self._slot_of_key[key]
-                self.num_evicted += 1
                 return slot
         return None
 

@@ -137,12 +137,9 @@ class KvScheduling:
             for table in kv.held_tables.pop(transfer_id, ()):
                 blocks.free_blocks(table)
             seqs = kv.loading.pop(transfer_id, ())
+            self.loaded.extend(seqs)  # they wait for nothing now
             if transfer_id in failed:
-                lost.extend(seqs)
-                for seq in seqs:  # they wait for nothing now: their blocks go when they end
-                    self.loaded.append(seq)
-            else:
-                self.loaded.extend(seqs)
+                lost.extend(seqs)  # ended below: their blocks go with them
         lost_ids = self.connector.finished(report)
         lost.extend(self.seqs[seq_id] for seq_id in lost_ids if seq_id in self.seqs)
         return [self._fail(seq, report.error, step_id) for seq in dict.fromkeys(lost)]
