@@ -10,6 +10,7 @@ import torch
 
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers import cpu_packing
+from aioworker.compute.layers.gemv.method import kernel_devices, small_rows
 from aioworker.compute.layers.linear_method import (
     UNQUANTIZED,
     LinearMethods,
@@ -42,6 +43,16 @@ ON_LOAD = {"fp8": FP8, "wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}
 
 
 def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:
+    """The formats' methods (`_format_methods`); on CUDA with device.small_batch_kernels, decode's
+    products of 1 to 8 rows go to the small-rows kernels (layers/gemv/) where a format has
+    them."""
+    methods = _format_methods(cfg, config, device)
+    if device.type not in kernel_devices() or not config.device.small_batch_kernels:
+        return methods
+    return LinearMethods(small_rows(methods.projections), small_rows(methods.lm_head))
+
+
+def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:
     """How the model's linear layers hold and multiply their weights: the projections as
     model.quantization (or a quantized checkpoint) says, the LM head dense; on the CPU the dense
     ones packed for oneDNN where it serves (device.cpu_packed_weights), elsewhere torch's dense

@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 from aioworker.compute.layers.linear import RowParallelLinear, column_parallel
-from aioworker.compute.layers.linear_method import LinearMethod
-from aioworker.compute.layers.ops import silu_and_mul
+from aioworker.compute.layers.linear_method import LinearMethod, gated_product
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -34,4 +33,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(gated_product(self.gate_up_proj, x))

@@ -11,6 +11,9 @@ A method has three moments, each called by one owner:
 - `apply(layer, x, bias)`: the layer's forward, y = x W^T (+ bias);
 - `weight_bytes(layer)`: the bytes of weight `apply` reads (the startup log, benchmarks).
 
+A method may also have `apply_gated(layer, x)`: silu(x gate^T) * (x up^T) for a layer holding
+[gate; up], the activation fused into the product (`gated_product` falls back to both steps).
+
 `drop_derived(layer)` forgets what `process_after_loading` made (memory is being released;
 resume processes the restored weights again). Methods are stateless: one instance serves every
 layer, and what a layer needs lives on the layer.
@@ -24,6 +27,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from aioworker.compute.layers.ops import silu_and_mul
 
 
 class LinearMethod(Protocol):
@@ -84,6 +89,15 @@ class LinearMethods:
 
 
 DENSE = LinearMethods()
+
+
+def gated_product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """silu(x gate^T) * (x up^T) for a layer holding [gate; up]: in one kernel where its method
+    has one (`apply_gated`), else the product, then the activation."""
+    fused = getattr(layer.linear_method, "apply_gated", None)
+    if fused is not None and layer.bias is None:
+        return fused(layer, x)
+    return silu_and_mul(layer(x))
 
 
 def methods_in(model: nn.Module):

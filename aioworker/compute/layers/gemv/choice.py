@@ -1,0 +1,90 @@
+"""Which tiles multiply a given product: the tuned table where it names the shape (written by
+tools/gemv_tune.py on the GPU machine), else a rule. The table may also say that torch's product
+was the faster for a shape (an entry of null): then `tiles_for` says None, and the product is
+left to the wrapped method.
+
+The table is keyed by shape, weight format, gating and row class (one row, or 2 to 8: the dot
+tiles pad every row count to 16, so 2 to 8 cost the same). The rule: tensor-core tiles of 64
+channels by 128 of K, and K split until the device has two programs per SM, each slice keeping
+at least 512 of K (a split's partial sums are written and read again once).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+from aioworker.compute.layers.gemv.tiles import Tiles
+
+TABLE_PATH = Path(__file__).with_name("tuned_tiles.json")
+PROGRAMS_PER_SM = 2
+MIN_K_PER_SPLIT = 512
+
+
+def format_of(weight_dtype: torch.dtype) -> str:
+    """uint8 weights are int4's: two values a byte."""
+    known = {torch.float8_e4m3fn: "e4m3", torch.int8: "int8", torch.uint8: "int4"}
+    return known.get(weight_dtype, "dense")
+
+
+def table_key(rows: int, channels: int, depth: int, fmt: str, gated: bool) -> str:
+    return f"{channels}x{depth} {fmt}{' gated' if gated else ''} {'one' if rows == 1 else 'few'}"
+
+
+@functools.cache
+def tuned_table() -> dict[str, Tiles | None]:
+    if not TABLE_PATH.exists():
+        return {}
+    entries = json.loads(TABLE_PATH.read_text())["tiles"]
+    return {key: Tiles(**fields) if fields else None for key, fields in entries.items()}
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SMs (an H200's 132 where there is no GPU: Triton's interpreter)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def rule_tiles(channels: int, depth: int, gated: bool, sms: int) -> Tiles:
+    tiles = Tiles(dot=True, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    output_tiles = -(-(channels // 2 if gated else channels) // tiles.block_n)
+    splits = 1
+    while (
+        output_tiles * splits < PROGRAMS_PER_SM * sms and depth // (splits * 2) >= MIN_K_PER_SPLIT
+    ):
+        splits *= 2
+    return Tiles(tiles.dot, tiles.block_n, tiles.block_k, splits, tiles.num_warps, tiles.num_stages)
+
+
+@functools.cache
+def _choose(
+    rows_class: int, channels: int, depth: int, fmt: str, gated: bool, sms: int
+) -> Tiles | None:
+    table = tuned_table()
+    key = table_key(rows_class, channels, depth, fmt, gated)
+    if key not in table:
+        return rule_tiles(channels, depth, gated, sms)
+    tuned = table[key]
+    if tuned is not None and not tuned.dot and rows_class != 1:
+        return rule_tiles(channels, depth, gated, sms)  # FMA tiles take one row only
+    return tuned
+
+
+def tiles_for(rows: int, weight: torch.Tensor, gated: bool) -> Tiles | None:
+    """Tiles for `rows` rows times `weight` ([N, K], int4's [N, K / 2]; for `gated`, N = 2I), or
+    None where torch's product measured faster."""
+    channels, depth = weight.shape
+    rows_class = 1 if rows == 1 else 2
+    fmt = format_of(weight.dtype)
+    if fmt == "int4":
+        depth *= 2
+    return _choose(rows_class, channels, depth, fmt, gated, sm_count(weight.device))

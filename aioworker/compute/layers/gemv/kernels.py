@@ -1,0 +1,190 @@
+"""y = x W^T for a few rows of x (decode's products at batch 1 to 8), in Triton: the step is the
+time to read W once, so the kernel is built around streaming W.
+
+- Each program owns BLOCK_N output channels and one slice of K (split K where there are too
+  few channel tiles to give every SM of the device several programs); its slice of W is read
+  once and serves every row of x.
+- Two ways to multiply, picked per shape by measurement (configs.py):
+  - DOT: tensor cores, W as the left operand (y^T = W x^T), x padded to 16 rows. Padding costs
+    nothing that matters here, and Triton pipelines the loads that feed a dot.
+  - FMA (one row only): products accumulate elementwise in a [BLOCK_N, BLOCK_K] tile, summed
+    once at the end, so the loop does no cross-lane reductions.
+- A weight format is a variant, not a copy: `_weight_tile` loads and widens a tile (bf16 as
+  is; e4m3 and int8 widened exactly to bf16; int4 unpacked and dequantized per group of K in
+  registers), and a per-output-channel scale multiplies the sum, since it factors out of the
+  sum over K.
+- A bias (a plain product's, per channel) is added after the scale.
+- GATED computes silu(x gate^T) * (x up^T) for a gate/up weight stacked as [2I, K]: each program
+  reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
+- Split K leaves float32 partial sums; `_reduce_kernel` adds them, then scales, gates and
+  rounds. With one split the product kernel does that itself.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group, depth,
+    compute_dtype, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype: a stored dtype
+    as it is (bf16, e4m3, int8), or with INT4_GROUP two values a byte (the even column in the high
+    nibble, as quantized/weight_only.py packs them), w = (q - 8) s + o per group of columns."""
+    if INT4_GROUP == 0:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = in_range[:, None]
+        if not EVEN_K:
+            mask = mask & (ks[None, :] < depth)
+        tile = tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
+        return tile.to(compute_dtype)
+    byte_cols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    mask = in_range[:, None]
+    if not EVEN_K:
+        mask = mask & (byte_cols[None, :] < depth // 2)
+    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + byte_cols[None, :], mask=mask, other=0)
+    q = tl.reshape(tl.join((packed >> 4).to(tl.float32), (packed & 0xF).to(tl.float32)),
+                   (BLOCK_N, BLOCK_K))  # fmt: skip
+    # Columns past K are zeros of x, so whatever their weights widen to adds nothing.
+    if BLOCK_K <= INT4_GROUP:
+        group = k0 // INT4_GROUP
+        at = w_rows * stride_group + group
+        s = tl.load(group_scale_ptr + at, mask=in_range, other=0.0).to(tl.float32)
+        o = tl.load(group_offset_ptr + at, mask=in_range, other=0.0).to(tl.float32)
+        w = (q - 8.0) * s[:, None] + o[:, None]
+    else:
+        GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
+        groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
+        at = w_rows[:, None] * stride_group + groups[None, :]
+        group_mask = in_range[:, None] & (groups[None, :] < depth // INT4_GROUP)
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
+        w = tl.reshape((q3 - 8.0) * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
+    return w.to(compute_dtype)
+
+
+@triton.jit
+def _accumulate(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """DOT: acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x^T; FMA: acc [BLOCK_N, BLOCK_K] +=
+    w * x[0] (x has one row)."""
+    if DOT:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    else:
+        acc += w.to(tl.float32) * x.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _finish(acc, DOT: tl.constexpr):
+    """The accumulator as [BLOCK_N, BLOCK_M] sums."""
+    if DOT:
+        return acc
+    return tl.sum(acc, axis=1)[:, None]
+
+
+@triton.jit
+def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.constexpr,
+              HAS_BIAS: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
+    """Sums [BLOCK_N, BLOCK_M] (float32) -> the output values: scaled, then biased (a plain
+    product) or gated."""
+    in_range = channels < num_channels
+    if SCALED:
+        gate = gate * tl.load(scale_ptr + channels, mask=in_range, other=0.0)[:, None]
+        if GATED:
+            up_scale = tl.load(scale_ptr + num_channels + channels, mask=in_range, other=0.0)
+            up = up * up_scale[:, None]
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + channels, mask=in_range, other=0.0).to(tl.float32)[:, None]
+    if GATED:
+        return gate * tl.sigmoid(gate) * up
+    return gate
+
+
+@triton.jit
+def _small_rows_kernel(
+    x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr,
+    num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group, stride_split,
+    stride_out,
+    SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
+    IEEE: tl.constexpr, INT4_GROUP: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """num_channels: output channels (for GATED, of the gate: W has twice as many rows).
+    SPLIT: out_ptr is the float32 partials [splits, rows, channels (x2 when GATED)]; otherwise
+    the output [rows, channels]."""
+    tile, split = tl.program_id(0), tl.program_id(1)
+    channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_range = channels < num_channels
+    rows = tl.arange(0, BLOCK_M)
+    compute_dtype = x_ptr.dtype.element_ty
+    if DOT:
+        gate_acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up_acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        gate_acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        up_acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    first = split * k_per_split
+    for start in range(0, k_per_split, BLOCK_K):
+        ks = first + start + tl.arange(0, BLOCK_K)
+        x_mask = rows[:, None] < num_rows
+        if not EVEN_K:
+            x_mask = x_mask & (ks[None, :] < depth)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
+        w = _weight_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, first + start, stride_w,
+            stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        gate_acc = _accumulate(gate_acc, x, w, DOT, IEEE)
+        if GATED:
+            w_up = _weight_tile(
+                w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
+                first + start, stride_w, stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP,
+                BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
+    gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
+    out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
+    if SPLIT:
+        width = num_channels * 2 if GATED else num_channels
+        base = out_ptr + split * stride_split + rows[None, :] * width + channels[:, None]
+        tl.store(base, gate, mask=out_mask)
+        if GATED:
+            tl.store(base + num_channels, up, mask=out_mask)
+    else:
+        y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS,
+                      GATED)  # fmt: skip
+        out = out_ptr + rows[None, :] * stride_out + channels[:, None]
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _reduce_kernel(
+    partial_ptr, scale_ptr, bias_ptr, out_ptr, num_splits, num_channels, stride_split,
+    stride_out, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, block of channels): the partials' sum, then the epilogue."""
+    row = tl.program_id(0)
+    channels = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = channels < num_channels
+    width = num_channels * 2 if GATED else num_channels
+    gate = tl.zeros((BLOCK,), dtype=tl.float32)
+    up = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in range(num_splits):
+        base = partial_ptr + split * stride_split + row * width + channels
+        gate += tl.load(base, mask=mask, other=0.0)
+        if GATED:
+            up += tl.load(base + num_channels, mask=mask, other=0.0)
+    y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels, SCALED,
+                  HAS_BIAS, GATED)  # fmt: skip
+    tl.store(out_ptr + row * stride_out + channels[:, None], y.to(out_ptr.dtype.element_ty),
+             mask=mask[:, None])  # fmt: skip

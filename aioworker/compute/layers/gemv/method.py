@@ -1,0 +1,119 @@
+"""A linear method that multiplies decode's few rows (1 to MAX_ROWS) with the small-rows kernels
+and leaves every other product (prefill, large batches) to the method it wraps.
+
+It holds and loads weights exactly as the wrapped method does, so checkpoints, weights updates,
+release and resume, and tensor-parallel shards are unchanged: only `apply` differs. A format
+says where its kernel operands are (`OPERANDS`); formats without an entry are not wrapped.
+
+`apply_gated` is the MLP's gate/up product with silu(gate) * up fused into it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from aioworker.compute.layers.cpu_packing import CpuPacked
+from aioworker.compute.layers.gemv.choice import tiles_for
+from aioworker.compute.layers.gemv.tiles import MAX_ROWS
+from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
+from aioworker.compute.layers.ops import silu_and_mul
+from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
+from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoad
+
+
+@dataclass(frozen=True)
+class KernelOperands:
+    """What the kernels read for one layer: its weight as stored, its per-output-channel scale,
+    and for int4 its per-group (scales, offsets)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+# By the method's exact class: a subclass may hold its weights otherwise (the CPU's weight-only
+# formats keep a dense weight beside their quantized one).
+OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
+    Unquantized: lambda layer: KernelOperands(layer.weight),
+    CpuPacked: lambda layer: KernelOperands(layer.weight),
+    Fp8OnLoad: lambda layer: KernelOperands(layer.weight, layer.weight_scale),
+    Int8OnLoad: lambda layer: KernelOperands(layer.weight, layer.weight_scale),
+    Int4OnLoad: lambda layer: KernelOperands(
+        layer.weight, None, (layer.weight_scale, layer.weight_offset)
+    ),
+}
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def kernel_devices() -> tuple[str, ...]:
+    """Where the kernels run: CUDA, and CPU tensors too under Triton's interpreter
+    (TRITON_INTERPRET=1, set before Triton is imported: how the CPU suite runs them whole)."""
+    return ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
+
+
+class SmallRows:
+    def __init__(self, inner: LinearMethod) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.operands = OPERANDS[type(inner)]
+        self.devices = kernel_devices()
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        self.inner.create_weights(layer, out_features, in_features)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        self.inner.process_after_loading(layer)
+
+    def drop_derived(self, layer: nn.Module) -> None:
+        self.inner.drop_derived(layer)
+
+    def weight_bytes(self, layer: nn.Module) -> int:
+        return self.inner.weight_bytes(layer)
+
+    def _takes(self, x: torch.Tensor) -> bool:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        return (
+            1 <= rows <= MAX_ROWS
+            and x.device.type in self.devices
+            and (x.dtype in ACTIVATION_DTYPES)
+        )
+
+    def _product(
+        self, layer: nn.Module, x: torch.Tensor, gated: bool, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The kernels' product, or None where they do not take it."""
+        if not self._takes(x):
+            return None
+        operands = self.operands(layer)
+        rows = x.reshape(-1, x.shape[-1])
+        tiles = tiles_for(rows.shape[0], operands.weight, gated)
+        if tiles is None:
+            return None
+        from aioworker.compute.layers.gemv.product import small_rows_product
+
+        y = small_rows_product(rows.contiguous(), operands.weight, tiles, operands.scale, gated,
+                               bias, operands.int4_groups)  # fmt: skip
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        y = self._product(layer, x, False, bias)
+        return self.inner.apply(layer, x, bias) if y is None else y
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """silu(x gate^T) * (x up^T) for a layer holding [gate; up] and no bias."""
+        y = self._product(layer, x, True, None)
+        return silu_and_mul(self.inner.apply(layer, x, None)) if y is None else y
+
+
+def small_rows(method: LinearMethod) -> LinearMethod:
+    """`method` wrapped where its format has small-rows kernels, else `method` itself."""
+    if type(method) not in OPERANDS:
+        return method
+    return SmallRows(method)

@@ -1,0 +1,74 @@
+"""Launching the small-rows product kernels (kernels.py) with a tile configuration: one call,
+y = x W^T for 1 to MAX_ROWS rows, optionally scaled per channel and gated (silu(gate) * up)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel
+from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
+
+REDUCE_BLOCK = 256
+
+
+def _k_per_split(depth: int, tiles: Tiles) -> tuple[int, int]:
+    """(K per split rounded up to whole BLOCK_K steps, the splits that leaves)."""
+    per_split = triton.cdiv(triton.cdiv(depth, tiles.splits), tiles.block_k) * tiles.block_k
+    return per_split, triton.cdiv(depth, per_split)
+
+
+def small_rows_product(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    tiles: Tiles,
+    scale: torch.Tensor | None = None,
+    gated: bool = False,
+    bias: torch.Tensor | None = None,
+    int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
+    rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
+    (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
+    w = (q - 8) s + o. Returns [M, N] in x's dtype, or with `gated`
+    (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]."""
+    num_rows, depth = x.shape
+    stored_depth = depth // 2 if int4_groups is not None else depth
+    if not 1 <= num_rows <= MAX_ROWS or weight.shape[1] != stored_depth or x.stride(1) != 1:
+        raise ValueError(f"takes 1 to {MAX_ROWS} contiguous rows of {weight.shape[1]}: {x.shape}")
+    if not tiles.dot and num_rows != 1:
+        raise ValueError("the FMA tiles multiply one row only")
+    if gated and bias is not None:
+        raise ValueError("a gated product takes no bias")
+    channels = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
+    per_split, splits = _k_per_split(depth, tiles)
+    partial = out
+    if splits > 1:
+        width = channels * 2 if gated else channels
+        partial = torch.empty(splits, num_rows, width, dtype=torch.float32, device=x.device)
+    group, group_scale, group_offset = 0, weight, weight
+    if int4_groups is not None:
+        group_scale, group_offset = (t.contiguous() for t in int4_groups)
+        group = depth // group_scale.shape[1]
+        if tiles.block_k % group and group % tiles.block_k:
+            raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
+    block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
+    placeholder = scale if scale is not None else weight
+    _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
+        x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
+        partial, num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
+        group_scale.stride(0), partial.stride(0), out.stride(0),
+        SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
+        IEEE=x.dtype == torch.float32, INT4_GROUP=group,
+        SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        _reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
+            partial, placeholder, bias if bias is not None else weight, out, splits, channels,
+            partial.stride(0), out.stride(0),
+            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, BLOCK=REDUCE_BLOCK,
+        )  # fmt: skip
+    return out

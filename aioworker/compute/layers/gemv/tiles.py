@@ -1,0 +1,21 @@
+"""How one small-rows product is cut into programs (kept apart from the kernels, so choosing
+tiles imports no Triton)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """`dot`: tensor cores, or elementwise FMA (one row only); then output channels per
+    program, K per loop step, K slices, and Triton's warps and pipeline stages."""
+
+    dot: bool = True
+    block_n: int = 64
+    block_k: int = 128
+    splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 3

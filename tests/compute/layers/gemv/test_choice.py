@@ -1,0 +1,70 @@
+"""Which tiles a product gets: the tuned table's where it names the shape, torch's product where
+the table says torch was faster, else the rule (enough programs for every SM, slices of K no
+thinner than 512)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aioworker.compute.layers.gemv import choice
+from aioworker.compute.layers.gemv.tiles import Tiles
+
+
+@pytest.fixture
+def table(monkeypatch, tmp_path):
+    def install(entries: dict) -> None:
+        path = tmp_path / "tuned.json"
+        path.write_text(json.dumps({"device": "test", "tiles": entries}))
+        monkeypatch.setattr(choice, "TABLE_PATH", path)
+        choice.tuned_table.cache_clear()
+        choice._choose.cache_clear()
+
+    yield install
+    choice.tuned_table.cache_clear()
+    choice._choose.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("channels", "depth", "gated", "splits"),
+    [
+        (4096, 4096, False, 8),  # 64 channel tiles: 256 programs are still fewer than 2 x 132
+        (4096, 14336, False, 8),  # K long enough for 8 slices of 1,792
+        (28672, 4096, True, 2),  # 224 gated tiles, each reading gate and up rows
+        (1024, 1024, False, 2),  # a third split would leave slices of 256
+    ],
+)
+def test_the_rule_splits_k_until_every_sm_has_two_programs(
+    table, channels, depth, gated, splits
+) -> None:
+    table({})
+    weight = torch.empty(channels, depth, dtype=torch.bfloat16)
+    assert choice.tiles_for(1, weight, gated) == Tiles(block_n=64, block_k=128, splits=splits,
+                                                        num_stages=4)  # fmt: skip
+
+
+def test_the_table_names_tiles_per_format_and_row_class(table) -> None:
+    one = {
+        "dot": False,
+        "block_n": 32,
+        "block_k": 512,
+        "splits": 2,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+    few = {**one, "dot": True, "block_n": 128}
+    table({
+        "4096x4096 dense one": one,
+        "4096x4096 dense few": few,
+        "4096x4096 e4m3 one": None,
+        "6144x4096 dense few": one,  # FMA tiles cannot take several rows
+    })  # fmt: skip
+    dense = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    assert choice.tiles_for(1, dense, False) == Tiles(**one)
+    assert choice.tiles_for(8, dense, False) == Tiles(**few)
+    assert choice.tiles_for(1, dense.to(torch.float8_e4m3fn), False) is None
+    assert choice.tiles_for(1, dense, True) == choice.rule_tiles(4096, 4096, True, 132)
+    qkv = torch.empty(6144, 4096, dtype=torch.bfloat16)
+    assert choice.tiles_for(3, qkv, False).dot

@@ -1,0 +1,137 @@
+"""The small-rows kernels on the GPU at the shapes of configs/models/ and their TP=2 shards, in
+bf16, e4m3, int8 and int4, with the tiles production picks; a CUDA graph of them equals eager."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+MODELS = Path(__file__).resolve().parents[4] / "configs" / "models"
+
+
+def projection_shapes() -> set[tuple[int, int, bool]]:
+    """(output channels, K, gated) of every dense projection, whole and split over 2 ranks."""
+    shapes = set()
+    for config_file in MODELS.glob("*/config.json"):
+        c = json.loads(config_file.read_text())
+        d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+        for tp in (1, 2):
+            shapes |= {
+                ((q + 2 * kv) // tp, c["hidden_size"], False),
+                (c["hidden_size"], q // tp, False),
+                (2 * c["intermediate_size"] // tp, c["hidden_size"], True),
+                (c["hidden_size"], c["intermediate_size"] // tp, False),
+            }
+    return shapes | {(1000, 4000, False), (2 * 777, 1000, True)}  # no multiple of any tile
+
+
+def stored(dense: torch.Tensor, fmt: str):
+    """(the weight as the kernel reads it, its channel scale, int4 groups, the values it means)."""
+    from aioworker.compute.layers.quantized.fp8 import quantize_rows
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_rows,
+        quantize_int4_rows,
+    )
+    from aioworker.compute.layers.weight_only import quantize_int8
+
+    if fmt == "bf16":
+        return dense, None, None, dense.float()
+    if fmt == "e4m3":
+        q, scale = quantize_rows(dense.float())
+        return q, scale, None, q.float() * scale[:, None]
+    if fmt == "int8":
+        q, scale = quantize_int8(dense.float())
+        return q, scale, None, q.float() * scale.float()[:, None]
+    packed, scales, offsets = quantize_int4_rows(dense.float())
+    groups = (scales.to(torch.bfloat16), offsets.to(torch.bfloat16))
+    return packed, None, groups, dequantize_int4_rows(packed, *groups)
+
+
+def reference(x, values, gated):
+    y = x.float() @ values.T
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3", "int8", "int4"])
+def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
+    from aioworker.compute.layers.gemv.choice import tiles_for
+    from aioworker.compute.layers.gemv.product import small_rows_product
+
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if fmt == "int4" and depth % 32:
+            continue  # int4's groups of 32 must divide K
+        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+        weight, scale, groups, values = stored(dense, fmt)
+        for rows in range(1, 9):
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            tiles = tiles_for(rows, weight, gated)
+            got = small_rows_product(x, weight, tiles, scale, gated, int4_groups=groups)
+            want = reference(x, values, gated)
+            error = ((got.float() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                failures.append((channels, depth, gated, rows, error))
+    assert not failures
+
+
+def test_a_graph_of_the_products_equals_eager() -> None:
+    from aioworker.compute.layers.gemv.product import small_rows_product
+    from aioworker.compute.layers.gemv.tiles import Tiles
+
+    weight = torch.randn(2 * 1536, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    cuts = [Tiles(splits=1), Tiles(splits=4), Tiles(block_n=32, splits=8)]
+
+    def run():
+        return [small_rows_product(x, weight, t, gated=g) for t in cuts for g in (False, True)]
+
+    eager = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    for got, want in zip(captured, run(), strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(eager[0], captured[0])  # the replay read the new rows
+
+
+@pytest.mark.parametrize("quantization", ["none", "fp8", "wint8", "wint4"])
+def test_greedy_tokens_with_the_kernels_equal_the_torch_path(quantization, tmp_path) -> None:
+    """bf16, each format through the whole model; the LM head sharpened (x8) so that rounding
+    differences between two summation orders cannot flip a choice."""
+    from aioworker.core.sampling_params import SamplingParams
+    from tests.conftest import make_engine
+    from tests.tiny_models import build_tiny_model
+
+    build_tiny_model("llama", tmp_path, logit_scale=8.0)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (4, 19, 33, 60)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = []
+    for kernels in (False, True):
+        engine = make_engine(
+            tmp_path,
+            **{
+                "cache.num_blocks": 64,
+                "model.max_model_len": 256,
+                "model.dtype": "bfloat16",
+                "model.quantization": quantization,
+                "device.small_batch_kernels": kernels,
+            },
+        )
+        try:
+            outputs.append([c.token_ids for c in engine.generate(prompts, params)])
+        finally:
+            engine.close()
+    assert outputs[0] == outputs[1]

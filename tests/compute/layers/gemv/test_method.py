@@ -1,0 +1,76 @@
+"""The small-rows method inside a whole model: decode's products of 1 to 8 rows go through the
+kernels (gate/up with SiLU fused), prefill through the wrapped method, and greedy tokens equal
+the model without them (CPU, float32, Triton's interpreter; on the GPU with -m gpu too)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from aioworker.compute.layers.gemv import product  # noqa: E402
+from aioworker.compute.layers.gemv.method import SmallRows, small_rows  # noqa: E402
+from aioworker.compute.layers.linear_method import UNQUANTIZED, methods_in  # noqa: E402
+from aioworker.core.sampling_params import SamplingParams  # noqa: E402
+from tests.conftest import make_engine  # noqa: E402
+from tests.tiny_models import build_tiny_model  # noqa: E402
+
+SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
+
+
+def greedy(model_dir, prompts, kernels: bool):
+    engine = make_engine(model_dir, **SETTINGS, **{"device.small_batch_kernels": kernels})
+    try:
+        wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
+        assert all(isinstance(m, SmallRows) for m in wrapped) == kernels
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        return [c.token_ids for c in engine.generate(prompts, params)]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases, a tied LM head
+def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monkeypatch) -> None:
+    build_tiny_model(arch, tmp_path, logit_scale=4.0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    want = greedy(tmp_path, prompts, kernels=False)
+    calls = []
+    real = product.small_rows_product
+
+    def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None):
+        calls.append((x.shape[0], gated, bias is not None))
+        return real(x, weight, tiles, scale, gated, bias, int4_groups)
+
+    monkeypatch.setattr(product, "small_rows_product", counted)
+    assert greedy(tmp_path, prompts, kernels=True) == want
+    assert max(rows for rows, _, _ in calls) == 3  # the three decode together, never a prefill
+    assert any(gated for _, gated, _ in calls)
+    assert any(bias for _, _, bias in calls) == (arch == "qwen2")
+
+
+def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:
+    layer = torch.nn.Module()
+    method = small_rows(UNQUANTIZED)
+    method.create_weights(layer, 24, 16)
+    layer.weight.data = torch.randn(24, 16)
+    layer.bias = None
+    monkeypatch.setattr(product, "small_rows_product", None)  # would fail if called
+    x = torch.randn(9, 16)
+    torch.testing.assert_close(method.apply(layer, x), x @ layer.weight.T)
+    gate, up = (x @ layer.weight.T).chunk(2, dim=-1)
+    torch.testing.assert_close(method.apply_gated(layer, x), torch.nn.functional.silu(gate) * up)
+
+
+def test_formats_without_kernels_are_left_as_they_are() -> None:
+    class Other:
+        name = "wint4"
+
+    other = Other()
+    assert small_rows(other) is other
+    assert small_rows(small_rows(UNQUANTIZED)).inner is UNQUANTIZED

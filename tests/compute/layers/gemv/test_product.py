@@ -1,0 +1,134 @@
+"""The small-rows product kernels against torch's product: every row count from 1 to 8, shapes
+that are no multiple of any tile, split K, gating and per-channel scales (Triton's interpreter on
+a CPU machine, in float32; bf16 and e4m3 on the GPU with -m gpu too)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from aioworker.compute.layers.gemv.product import small_rows_product  # noqa: E402
+from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+E4M3 = torch.float8_e4m3fn
+
+
+def reference(x, weight, scale=None, gated=False, bias=None):
+    y = x.float() @ weight.float().T
+    if scale is not None:
+        y = y * scale
+    if bias is not None:
+        y = y + bias
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y
+
+
+DOT_TILES = [Tiles(block_n=16, block_k=32), Tiles(block_n=32, block_k=16, splits=3)]
+FMA_TILES = [
+    Tiles(dot=False, block_n=16, block_k=32),
+    Tiles(dot=False, block_n=8, block_k=64, splits=2),
+]
+
+
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("tiles", DOT_TILES)
+@pytest.mark.parametrize(("channels", "depth"), [(48, 64), (37, 100)])
+def test_dot_tiles_equal_torch(rows: int, tiles: Tiles, channels: int, depth: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, depth, generator=g).to(DEVICE)
+    weight = torch.randn(channels, depth, generator=g).to(DEVICE)
+    got = small_rows_product(x, weight, tiles)
+    torch.testing.assert_close(got, reference(x, weight), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tiles", FMA_TILES)
+@pytest.mark.parametrize(("channels", "depth"), [(48, 64), (37, 100)])
+def test_one_row_fma_tiles_equal_torch(tiles: Tiles, channels: int, depth: int) -> None:
+    x = torch.randn(1, depth).to(DEVICE)
+    weight = torch.randn(channels, depth).to(DEVICE)
+    torch.testing.assert_close(
+        small_rows_product(x, weight, tiles), reference(x, weight), rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("tiles", [DOT_TILES[1], FMA_TILES[1]])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_gated_and_scaled_products_equal_torch(tiles: Tiles, scaled: bool) -> None:
+    rows = 1 if not tiles.dot else 5
+    x = torch.randn(rows, 72).to(DEVICE)
+    weight = torch.randn(2 * 21, 72).to(DEVICE)
+    scale = (torch.rand(2 * 21) + 0.5).to(DEVICE) if scaled else None
+    got = small_rows_product(x, weight, tiles, scale=scale, gated=True)
+    assert got.shape == (rows, 21)
+    torch.testing.assert_close(got, reference(x, weight, scale, gated=True), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tiles", [DOT_TILES[0], DOT_TILES[1], FMA_TILES[1]])
+def test_bias_is_added_after_the_scale(tiles: Tiles) -> None:
+    x, weight = torch.randn(1, 64).to(DEVICE), torch.randn(40, 64).to(DEVICE)
+    scale, bias = (torch.rand(40) + 0.5).to(DEVICE), torch.randn(40).to(DEVICE)
+    got = small_rows_product(x, weight, tiles, scale=scale, bias=bias)
+    torch.testing.assert_close(got, reference(x, weight, scale, bias=bias), rtol=1e-4, atol=1e-4)
+
+
+def test_e4m3_weights_widen_exactly() -> None:
+    x = torch.randn(3, 64).to(DEVICE)
+    values = torch.tensor([0.0, 0.5, -1.5, 3.0, 448.0, -0.0625, 7.0, 12.0])
+    weight = values[torch.randint(0, 8, (40, 64))].to(E4M3).to(DEVICE)
+    scale = (torch.rand(40) + 0.5).to(DEVICE)
+    got = small_rows_product(x, weight, Tiles(block_n=16, block_k=32, splits=2), scale=scale)
+    torch.testing.assert_close(got, reference(x, weight, scale), rtol=1e-4, atol=1e-3)
+
+
+def test_refuses_what_it_cannot_multiply() -> None:
+    with pytest.raises(ValueError, match="1 to 8 contiguous rows"):
+        small_rows_product(torch.randn(9, 16), torch.randn(4, 16), Tiles())
+    with pytest.raises(ValueError, match="one row only"):
+        small_rows_product(torch.randn(2, 16), torch.randn(4, 16), Tiles(dot=False))
+    with pytest.raises(ValueError, match="no bias"):
+        small_rows_product(
+            torch.randn(1, 16), torch.randn(4, 16), Tiles(), None, True, torch.randn(2)
+        )
+
+
+def test_int8_weights_with_channel_scales_equal_their_dequantized_product() -> None:
+    from aioworker.compute.layers.weight_only import quantize_int8
+
+    x, dense = torch.randn(6, 96).to(DEVICE), torch.randn(50, 96)
+    q, scale = quantize_int8(dense)
+    q, scale = q.to(DEVICE), scale.to(DEVICE)
+    got = small_rows_product(x, q, Tiles(block_n=16, block_k=32, splits=2), scale=scale)
+    torch.testing.assert_close(got, reference(x, q, scale), rtol=1e-4, atol=1e-3)
+
+
+INT4_TILES = [
+    Tiles(block_n=16, block_k=16, splits=3),  # tiles inside one group of 32
+    Tiles(block_n=32, block_k=64),  # two groups a tile
+    Tiles(dot=False, block_n=16, block_k=128, splits=2),
+]
+
+
+@pytest.mark.parametrize("tiles", INT4_TILES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_int4_groups_dequantize_in_the_kernel(tiles: Tiles, gated: bool) -> None:
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_rows,
+        quantize_int4_rows,
+    )
+
+    rows = 1 if not tiles.dot else 7
+    x, dense = torch.randn(rows, 224).to(DEVICE), torch.randn(2 * 27, 224)
+    packed, scales, offsets = (t.to(DEVICE) for t in quantize_int4_rows(dense))
+    got = small_rows_product(x, packed, tiles, gated=gated, int4_groups=(scales, offsets))
+    want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated=gated)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
