@@ -2,6 +2,7 @@
 their GPU time, the top kernels, and the host-side split (scheduler vs executor).
 
     python tools/profile_step.py [--model qwen3-0.6b|llama-3.1-8b] [--batch 1]
+        [--quantization fp8] [--small-batch-kernels]
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ def main() -> None:
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--small-batch-kernels", action="store_true")
     args = parser.parse_args()
-    engine = make_engine(MODELS / args.model, 4096)
+    engine = make_engine(
+        MODELS / args.model,
+        4096,
+        **{
+            "model.quantization": args.quantization,
+            "device.small_batch_kernels": args.small_batch_kernels,
+        },
+    )
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for _ in range(args.batch):

@@ -1,4 +1,4 @@
-"""Run the GPU workloads and format their tables (used by `aioworker bench --workload w1|w4|w5`)."""
+"""Run the GPU workloads and format their tables (used by `aioworker bench --workload w1|w5|w6|w7`)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,6 @@ import statistics
 from aioworker.bench import gpu, gpu_prefix, gpu_reference
 from aioworker.bench.report import format_table
 from aioworker.checkpoint.model_config import load_model_config
-
-
-def run_w4(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:
-    rows = []
-    for model_dir in (gpu.LLAMA_8B, gpu.QWEN3_06B):
-        cfg = load_model_config(model_dir)
-        floor_ms = gpu.weight_bytes_per_step(cfg) / limits.copy_bytes_per_s * 1000
-        engine = gpu.make_engine(model_dir, 4096)
-        ours = gpu.w4_ms_per_token(engine, cfg.vocab_size)
-        gpu.free(engine)
-        reference = "-"
-        if with_reference:
-            model = gpu_reference.load(model_dir)
-            ref_ms, _ = gpu_reference.decode_and_prefill(model, 1, cfg.vocab_size)
-            gpu_reference.free(model)
-            reference = f"{ref_ms:.2f} ({ref_ms / ours:.1f}x)"
-        rows.append(
-            [model_dir.name, f"{ours:.3f}", f"{floor_ms:.3f}", f"{ours / floor_ms:.2f}x", reference]
-        )
-    header = [
-        "W4 batch-1 decode",
-        "aioworker ms/token",
-        "weight-read floor ms",
-        "of floor",
-        "transformers ms/token (speed-up)",
-    ]
-    notes = "Floor: bf16 weight bytes read per step / the copy bandwidth measured in this run."
-    return format_table(header, rows), notes
 
 
 def run_w5(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:

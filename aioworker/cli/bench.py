@@ -19,8 +19,9 @@ WORKLOAD_HELP = (
     "the offline engine (CPU; --dtype picks the precision); spec: speculative decoding on "
     "against off, a copy-heavy task at batch 1 and questions at concurrency 1 to 256 (n-gram, "
     "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
-    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w4, w5, w6, w7: "
-    "the GPU workloads of docs/benchmarks.md; w8: quantized formats beside bf16 (GPU); w9: a "
+    "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w5, w6, w7: "
+    "the GPU workloads of docs/benchmarks.md; w4: batch-1 decode beside its weight-read floor "
+    "with the small-batch kernels off and on (bf16 and fp8); w8: quantized formats beside bf16 (GPU); w9: a "
     "multi-turn chat (128 users x 8 turns, Llama-3.1-8B shape, device KV a quarter of the "
     "working set) with the host KV tier off against on, the tier's copy rates beside plain "
     "pinned copies, and W1 with the tier on against off (GPU); moe: the fused expert kernel "
@@ -91,7 +92,15 @@ def run(args: argparse.Namespace) -> int:
 def run_gpu(
     workloads: list[str], with_reference: bool, record: str | None, w9_users: int = 128
 ) -> int:
-    from aioworker.bench import gpu, gpu_host_tier, gpu_host_tier_run, gpu_moe, gpu_quant, gpu_run
+    from aioworker.bench import (
+        gpu,
+        gpu_decode_floor,
+        gpu_host_tier,
+        gpu_host_tier_run,
+        gpu_moe,
+        gpu_quant,
+        gpu_run,
+    )
     from aioworker.bench.report import append_to_doc
 
     limits = gpu.measure_limits()
@@ -100,7 +109,7 @@ def run_gpu(
         flush=True,
     )
     runners = {
-        "w4": lambda: gpu_run.run_w4(limits, with_reference),
+        "w4": lambda: gpu_decode_floor.run(limits, with_reference),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
         "w1": lambda: gpu_run.run_w1(limits),
         "w6": lambda: gpu_run.run_w6(limits),

@@ -1,0 +1,87 @@
+"""W4: decode at batch 1 (and 8) beside the weight-read floor, with the small-batch kernels
+(device.small_batch_kernels, compute/layers/gemv/) off and on in the same run, for each format
+(`aioworker bench --workload w4`). Off is the previous path (cuBLAS, or the format's torch
+kernels), so each row prints its baseline beside it.
+
+Each engine loads alone (the previous one freed): dummy weights at configs/models/ shapes,
+quantized while loading for a quantized format, CUDA graphs on (captured up to 16 rows: W4 runs
+no larger batch), the whole token through the worker's own path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aioworker.bench import gpu, gpu_reference
+from aioworker.bench.report import format_table
+from aioworker.checkpoint.model_config import load_model_config
+from aioworker.compute.layers.linear_method import weight_bytes
+
+# (model, format) -> the issue's goal, ms per token at batch 1 (issues 22 and 23).
+GOALS_MS = {
+    (gpu.LLAMA_8B, "none"): 4.0,
+    (gpu.LLAMA_8B, "fp8"): 2.4,
+    (gpu.QWEN3_06B, "none"): 1.0,
+}
+# Batch 8's ms per token (its step) against batch 1's, with the kernels on.
+BATCH_8_GOAL = 1.15
+
+
+def measure(model_dir: Path, fmt: str, kernels: bool) -> tuple[int, float, float]:
+    """(weight bytes read per step, batch-1 ms per token, batch-8 decode step ms)."""
+    cfg = load_model_config(model_dir)
+    engine = gpu.make_engine(
+        model_dir,
+        4096,
+        **{
+            "model.quantization": fmt,
+            "device.small_batch_kernels": kernels,
+            "device.max_capture_batch_size": 16,
+        },
+    )
+    read = weight_bytes(engine.executor.runner.model)
+    batch_1 = gpu.w4_ms_per_token(engine, cfg.vocab_size)
+    batch_8 = gpu.w5_static_batch(engine, 8, cfg.vocab_size).decode_step_ms
+    gpu.free(engine)
+    print(f"W4 {model_dir.name} {fmt} kernels {'on' if kernels else 'off'}: done", flush=True)
+    return read, batch_1, batch_8
+
+
+def run(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:
+    rows = []
+    for (model_dir, fmt), goal in GOALS_MS.items():
+        off = measure(model_dir, fmt, kernels=False)
+        on = measure(model_dir, fmt, kernels=True)
+        floor_ms = on[0] / limits.copy_bytes_per_s * 1000
+        reference = "-"
+        if with_reference and fmt == "none":
+            model = gpu_reference.load(model_dir)
+            ref_ms, _ = gpu_reference.decode_and_prefill(
+                model, 1, load_model_config(model_dir).vocab_size
+            )
+            gpu_reference.free(model)
+            reference = f"{ref_ms:.2f}"
+        rows.append([
+            f"{model_dir.name} {fmt}", f"{off[1]:.3f}", f"{on[1]:.3f}", f"{off[1] / on[1]:.2f}x",
+            f"{floor_ms:.3f}", f"{on[1] / floor_ms:.2f}x", f"<= {goal}",
+            f"{off[2] / off[1]:.2f} / {on[2] / on[1]:.2f} (<= {BATCH_8_GOAL})", reference,
+        ])  # fmt: skip
+    header = [
+        "W4 batch-1 decode",
+        "kernels off ms/token",
+        "kernels on ms/token",
+        "speed-up",
+        "weight-read floor ms",
+        "on, of floor",
+        "goal ms",
+        "batch 8 step / batch 1, off / on",
+        "transformers ms/token",
+    ]
+    notes = (
+        "Kernels off: torch's products (cuBLAS; fp8: a per-token quantization then "
+        "torch._scaled_mm), the previous path; on: device.small_batch_kernels. Floor: the "
+        "format's weight bytes read per step (linear layers and LM head) / the copy bandwidth "
+        f"measured in this run ({limits.copy_bytes_per_s / 1e12:.2f} TB/s). Batch 8: W5's "
+        "static batch of 8 x 1024-token prompts, the median decode step. One run each, off first."
+    )
+    return format_table(header, rows), notes
