@@ -2,7 +2,8 @@
 # On the GPU machine, issues 22 and 23 in two calls (each under the 10-minute limit); logs and
 # the tuned table under $OUT, a short table last.
 #   tools/gpu_issue22.sh tune    the kernels' GPU tests, then the tile sweep (writes the table)
-#   tools/gpu_issue22.sh bench   W4 with the kernels off and on (recorded), then a profile
+#   tools/gpu_issue22.sh bench   W4 bf16 and fp8 with the kernels off and on (recorded), a profile
+#   tools/gpu_issue22.sh bench23 W4 wint8 and wint4 likewise (issue 23)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
@@ -21,13 +22,21 @@ case "${1:-}" in
     ;;
   bench)
     [ -f "${TABLE:-}" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
-    timeout 480 bench --workload w4 --no-reference --record docs/benchmarks.md > "$out/w4.log" 2>&1
+    timeout 480 bench --workload w4 --w4-formats none,fp8 --no-reference \
+      --record docs/benchmarks.md > "$out/w4.log" 2>&1
     cp docs/benchmarks.md "$out/"
     timeout 90 python3 tools/profile_step.py --model llama-3.1-8b --small-batch-kernels \
       > "$out/profile.log" 2>&1
     echo "== profile"; head -22 "$out/profile.log"
     echo "== w4"; tail -12 "$out/w4.log"
     ;;
-  *) echo "usage: $0 tune|bench" >&2; exit 2 ;;
+  bench23)
+    [ -f "${TABLE:-}" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
+    timeout 560 bench --workload w4 --w4-formats wint8,wint4 --no-reference \
+      --record docs/benchmarks.md > "$out/w4.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    echo "== w4"; tail -12 "$out/w4.log"
+    ;;
+  *) echo "usage: $0 tune|bench|bench23" >&2; exit 2 ;;
 esac
 exit 0

@@ -22,7 +22,11 @@ GOALS_MS = {
     (gpu.LLAMA_8B, "none"): 4.0,
     (gpu.LLAMA_8B, "fp8"): 2.4,
     (gpu.QWEN3_06B, "none"): 1.0,
+    (gpu.LLAMA_8B, "wint8"): 2.6,
+    (gpu.LLAMA_8B, "wint4"): 1.6,
+    (gpu.QWEN3_06B, "wint4"): 0.9,
 }
+FORMATS = ("none", "fp8", "wint8", "wint4")
 # Batch 8's ms per token (its step) against batch 1's, with the kernels on.
 BATCH_8_GOAL = 1.15
 
@@ -47,9 +51,13 @@ def measure(model_dir: Path, fmt: str, kernels: bool) -> tuple[int, float, float
     return read, batch_1, batch_8
 
 
-def run(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:
+def run(
+    limits: gpu.Limits, with_reference: bool, formats: tuple[str, ...] = FORMATS
+) -> tuple[str, str]:
     rows = []
     for (model_dir, fmt), goal in GOALS_MS.items():
+        if fmt not in formats:
+            continue
         off = measure(model_dir, fmt, kernels=False)
         on = measure(model_dir, fmt, kernels=True)
         floor_ms = on[0] / limits.copy_bytes_per_s * 1000
@@ -79,7 +87,8 @@ def run(limits: gpu.Limits, with_reference: bool) -> tuple[str, str]:
     ]
     notes = (
         "Kernels off: torch's products (cuBLAS; fp8: a per-token quantization then "
-        "torch._scaled_mm), the previous path; on: device.small_batch_kernels. Floor: the "
+        "torch._scaled_mm; wint8: dequantize then cuBLAS; wint4: torch's tinygemm), the "
+        "previous path; on: device.small_batch_kernels. Floor: the "
         "format's weight bytes read per step (linear layers and LM head) / the copy bandwidth "
         f"measured in this run ({limits.copy_bytes_per_s / 1e12:.2f} TB/s). Batch 8: W5's "
         "static batch of 8 x 1024-token prompts, the median decode step. One run each, off first."

@@ -21,7 +21,7 @@ WORKLOAD_HELP = (
     "k=4 unless [speculative] says otherwise); quant: model.quantization none, wint8 and wint4, "
     "each in float32 and bfloat16, side by side at batch 1 and 16 (CPU); w1, w5, w6, w7: "
     "the GPU workloads of docs/benchmarks.md; w4: batch-1 decode beside its weight-read floor "
-    "with the small-batch kernels off and on (bf16 and fp8); w8: quantized formats beside bf16 (GPU); w9: a "
+    "with the small-batch kernels off and on (bf16, fp8, wint8, wint4: --w4-formats); w8: quantized formats beside bf16 (GPU); w9: a "
     "multi-turn chat (128 users x 8 turns, Llama-3.1-8B shape, device KV a quarter of the "
     "working set) with the host KV tier off against on, the tier's copy rates beside plain "
     "pinned copies, and W1 with the tier on against off (GPU); moe: the fused expert kernel "
@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU workload w9: this many users (default 128, the issue's; fewer run faster)",
     )
     parser.add_argument(
+        "--w4-formats",
+        default="none,fp8,wint8,wint4",
+        metavar="LIST",
+        help="GPU workload w4: the weight formats to measure, comma-separated (default: all four)",
+    )
+    parser.add_argument(
         "--record",
         metavar="FILE",
         help="append the table, dated, to FILE (e.g. docs/benchmarks.md)",
@@ -65,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     if args.workload and all(w in GPU_WORKLOADS for w in args.workload):
         if args.w9_users < 1:
             return fail(f"--w9-users is {args.w9_users}; give 1 or more (128 by default)")
-        return run_gpu(args.workload, not args.no_reference, args.record, args.w9_users)
+        formats = tuple(f for f in args.w4_formats.split(",") if f)
+        unknown = sorted(set(formats) - {"none", "fp8", "wint8", "wint4"})
+        if unknown:
+            return fail(f"--w4-formats names {', '.join(unknown)}; give none, fp8, wint8, wint4")
+        return run_gpu(args.workload, not args.no_reference, args.record, args.w9_users, formats)
     if args.workload == ["control"]:
         return run_control_plane(args.record)
     if args.workload == ["api"]:
@@ -90,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_gpu(
-    workloads: list[str], with_reference: bool, record: str | None, w9_users: int = 128
+    workloads: list[str],
+    with_reference: bool,
+    record: str | None,
+    w9_users: int = 128,
+    w4_formats: tuple[str, ...] = ("none", "fp8", "wint8", "wint4"),
 ) -> int:
     from aioworker.bench import (
         gpu,
@@ -109,7 +123,7 @@ def run_gpu(
         flush=True,
     )
     runners = {
-        "w4": lambda: gpu_decode_floor.run(limits, with_reference),
+        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
         "w1": lambda: gpu_run.run_w1(limits),
         "w6": lambda: gpu_run.run_w6(limits),

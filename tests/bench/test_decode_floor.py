@@ -1,0 +1,38 @@
+"""W4's table from its measurements (the GPU parts replaced): one row per model and format
+asked for, the kernels' speed-up over the previous path, and the floor from the bytes read."""
+
+from __future__ import annotations
+
+import pytest
+
+from aioworker.bench import gpu, gpu_decode_floor
+from aioworker.cli.main import main
+
+
+def test_rows_for_the_formats_asked_with_the_speed_up_and_the_floor(monkeypatch) -> None:
+    measured = []
+
+    def fake_measure(model_dir, fmt, kernels):
+        measured.append((model_dir.name, fmt, kernels))
+        # 2 GB read; batch 1: 4 ms off, 2 ms on; batch 8 step 4.4 ms off, 2.2 on.
+        return 2_000_000_000, (2.0 if kernels else 4.0), (2.2 if kernels else 4.4)
+
+    monkeypatch.setattr(gpu_decode_floor, "measure", fake_measure)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    table, notes = gpu_decode_floor.run(limits, with_reference=False, formats=("wint4",))
+    assert measured == [
+        ("llama-3.1-8b", "wint4", False), ("llama-3.1-8b", "wint4", True),
+        ("qwen3-0.6b", "wint4", False), ("qwen3-0.6b", "wint4", True),
+    ]  # fmt: skip
+    rows = [line for line in table.splitlines() if "wint4" in line]
+    assert len(rows) == 2
+    # 4.000 off, 2.000 on, 2.00x; floor 0.5 ms, 4.00x of it; batch 8 at 1.10 of batch 1.
+    for cell in ("4.000", "2.000", "2.00x", "0.500", "4.00x", "1.10 / 1.10"):
+        assert cell in rows[0]
+    assert "<= 1.6" in rows[0] and "<= 0.9" in rows[1]
+    assert "4.00 TB/s" in notes
+
+
+def test_an_unknown_format_is_refused_by_name(capsys) -> None:
+    assert main(["bench", "--workload", "w4", "--w4-formats", "none,int3"]) == 2
+    assert "int3" in capsys.readouterr().err
