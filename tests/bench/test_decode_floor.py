@@ -3,8 +3,6 @@ asked for, the kernels' speed-up over the previous path, and the floor from the 
 
 from __future__ import annotations
 
-import pytest
-
 from aioworker.bench import gpu, gpu_decode_floor
 from aioworker.cli.main import main
 
