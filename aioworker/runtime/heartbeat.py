@@ -208,7 +208,7 @@ class HeartbeatThread:
         """Publish the final state once more, so monitors see it at once, and end the thread."""
         self._stopping = True
         self._wake()
-        if self._thread.is_alive():
+        if self._thread.ident is not None:  # started: the thread closes, perhaps already has
             self._thread.join(timeout_s)
         else:  # never started: nobody else uses the socket
             self._close()
@@ -283,12 +283,16 @@ class HeartbeatThread:
             pass  # no subscriber keeps up: a beat is worth nothing late
 
     def _close(self) -> None:
+        """Once: `stop` may find the thread already ended by a stop it woke (is_alive raced the
+        thread's own close, and closing the wake pipe twice raised EBADF at shutdown)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._sock.close(linger=500)  # let the last beat leave
         remove_ipc_file(self.endpoint)
-        with self._lock:
-            self._closed = True
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 def _settle(future: asyncio.Future) -> None:

@@ -147,3 +147,29 @@ def test_the_drivers_beats_and_status_carry_its_host_tier(tmp_path, host_tier) -
     assert status["host_kv_blocks_free"] == 4096 - 120
     lines = [line.split() for line in format_status(0, status).splitlines()]
     assert ["host_kv_blocks_free", "3976"] in lines and ["host_kv_hit_blocks", "37"] in lines
+
+
+def test_a_stop_that_finds_the_beat_thread_ended_closes_nothing_twice(
+    tmp_path, monkeypatch
+) -> None:
+    """The race a drain met under load: the stop's wake-up ends the thread, which closes its
+    socket and pipe, before `stop` looks whether it is alive."""
+    from types import SimpleNamespace
+
+    from aioworker.runtime import heartbeat
+
+    monkeypatch.setattr(heartbeat, "encode", lambda beat: [b"beat"])
+    source = SimpleNamespace(interval_s=0.05, make=lambda: None)
+    context = zmq.Context()
+    try:
+        started = heartbeat.HeartbeatThread(source, context, f"ipc://{tmp_path}/a", None)
+        started.start()
+        started._stopping = True
+        started._wake()
+        started._thread.join(2)  # the thread has closed everything itself
+        started.stop()  # closed the wake pipe a second time: OSError EBADF
+        never_started = heartbeat.HeartbeatThread(source, context, f"ipc://{tmp_path}/b", None)
+        never_started.stop()
+        assert never_started._closed
+    finally:
+        context.term()

@@ -22,7 +22,7 @@ from aioworker.runtime.rank import Rank
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.client import Client
 from aioworker.wire.health import RankState
-from tests.workers import admin, deployment, start_worker, stop
+from tests.workers import admin, deployment, read_log, start_worker, stop
 
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
 
@@ -245,7 +245,7 @@ def test_a_worker_is_ready_after_loading_feeds_the_watchdog_and_stops(
     else:
         process.send_signal(signal.SIGTERM)
     receiver.wait_for("STOPPING=1")
-    assert process.wait(10) == 0
+    assert process.wait(10) == 0, read_log(process)
     receiver.wait_for("STATUS=STOPPED: group 0 rank 0")
     assert receiver.texts().count("READY=1") == 1
     assert receiver.texts()[-1] == "STATUS=STOPPED: group 0 rank 0"
