@@ -20,14 +20,15 @@ import torch
 from aioworker.compute.layers.gemv.tiles import Tiles
 
 TABLE_PATH = Path(__file__).with_name("tuned_tiles.json")
+INT4_VALUES = {torch.uint8: 2, torch.int32: 8}  # int4 values a stored unit holds
 PROGRAMS_PER_SM = 2
 MIN_K_PER_SPLIT = 512
 
 
 def format_of(weight_dtype: torch.dtype) -> str:
-    """uint8 weights are int4's: two values a byte."""
-    known = {torch.float8_e4m3fn: "e4m3", torch.int8: "int8", torch.uint8: "int4"}
-    return known.get(weight_dtype, "dense")
+    """uint8 and int32 weights are int4's: two values a byte, eight a word."""
+    known = {torch.float8_e4m3fn: "e4m3", torch.int8: "int8"}
+    return "int4" if weight_dtype in INT4_VALUES else known.get(weight_dtype, "dense")
 
 
 def table_key(rows: int, channels: int, depth: int, fmt: str, gated: bool) -> str:
@@ -80,11 +81,11 @@ def _choose(
 
 
 def tiles_for(rows: int, weight: torch.Tensor, gated: bool) -> Tiles | None:
-    """Tiles for `rows` rows times `weight` ([N, K], int4's [N, K / 2]; for `gated`, N = 2I), or
+    """Tiles for `rows` rows times `weight` ([N, K], int4's packed; for `gated`, N = 2I), or
     None where torch's product measured faster."""
     channels, depth = weight.shape
     rows_class = 1 if rows == 1 else 2
     fmt = format_of(weight.dtype)
     if fmt == "int4":
-        depth *= 2
+        depth *= INT4_VALUES[weight.dtype]
     return _choose(rows_class, channels, depth, fmt, gated, sm_count(weight.device))

@@ -11,7 +11,8 @@ time to read W once, so the kernel is built around streaming W.
     once at the end, so the loop does no cross-lane reductions.
 - A weight format is a variant, not a copy: `_weight_tile` loads and widens a tile (bf16 as
   is; e4m3 and int8 widened exactly to bf16; int4 unpacked and dequantized per group of K in
-  registers), and a per-output-channel scale multiplies the sum, since it factors out of the
+  registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
+  checkpoint), and a per-output-channel scale multiplies the sum, since it factors out of the
   sum over K.
 - A bias (a plain product's, per channel) is added after the scale.
 - GATED computes silu(x gate^T) * (x up^T) for a gate/up weight stacked as [2I, K]: each program
@@ -28,13 +29,16 @@ import triton.language as tl
 
 @triton.jit
 def _weight_tile(
-    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group, depth,
-    compute_dtype, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, compute_dtype, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype: a stored dtype
-    as it is (bf16, e4m3, int8), or with INT4_GROUP two values a byte (the even column in the high
-    nibble, as quantized/weight_only.py packs them), w = (q - 8) s + o per group of columns."""
+    as it is (bf16, e4m3, int8), or with INT4_GROUP, 4-bit values packed INT4_PER_UNIT to a
+    stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
+    int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
+    of columns."""
     if INT4_GROUP == 0:
         ks = k0 + tl.arange(0, BLOCK_K)
         mask = in_range[:, None]
@@ -42,24 +46,28 @@ def _weight_tile(
             mask = mask & (ks[None, :] < depth)
         tile = tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
         return tile.to(compute_dtype)
-    byte_cols = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
     mask = in_range[:, None]
     if not EVEN_K:
-        mask = mask & (byte_cols[None, :] < depth // 2)
-    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + byte_cols[None, :], mask=mask, other=0)
-    q = tl.reshape(tl.join((packed >> 4).to(tl.float32), (packed & 0xF).to(tl.float32)),
-                   (BLOCK_N, BLOCK_K))  # fmt: skip
-    # Columns past K are zeros of x, so whatever their weights widen to adds nothing.
+        mask = mask & (units[None, :] < depth // INT4_PER_UNIT)
+    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + units[None, :], mask=mask, other=0)
+    place = tl.arange(0, INT4_PER_UNIT)
+    shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
+    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+    q = tl.reshape(q.to(tl.float32), (BLOCK_N, BLOCK_K))
+    # Columns past K are zeros of x and their weights zeros too: no scale is read past K (a
+    # stray inf or NaN there would poison the sum).
     if BLOCK_K <= INT4_GROUP:
-        group = k0 // INT4_GROUP
-        at = w_rows * stride_group + group
-        s = tl.load(group_scale_ptr + at, mask=in_range, other=0.0).to(tl.float32)
-        o = tl.load(group_offset_ptr + at, mask=in_range, other=0.0).to(tl.float32)
+        group = tl.zeros_like(w_rows) + k0 // INT4_GROUP
+        at = w_rows * stride_group_row + group * stride_group
+        group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         w = (q - 8.0) * s[:, None] + o[:, None]
     else:
         GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
         groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
-        at = w_rows[:, None] * stride_group + groups[None, :]
+        at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
         group_mask = in_range[:, None] & (groups[None, :] < depth // INT4_GROUP)
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
@@ -111,10 +119,11 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
 @triton.jit
 def _small_rows_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr,
-    num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group, stride_split,
-    stride_out,
+    num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group_row,
+    stride_group, stride_split, stride_out,
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
-    IEEE: tl.constexpr, INT4_GROUP: tl.constexpr,
+    IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
+    INT4_LOW_FIRST: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -141,14 +150,15 @@ def _small_rows_kernel(
         x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
         w = _weight_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, first + start, stride_w,
-            stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP, BLOCK_N, BLOCK_K,
+            stride_group_row, stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP,
+            INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         gate_acc = _accumulate(gate_acc, x, w, DOT, IEEE)
         if GATED:
             w_up = _weight_tile(
                 w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
-                first + start, stride_w, stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP,
-                BLOCK_N, BLOCK_K,
+                first + start, stride_w, stride_group_row, stride_group, depth, compute_dtype,
+                EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
             )  # fmt: skip
             up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)

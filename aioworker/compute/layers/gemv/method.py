@@ -22,6 +22,7 @@ from aioworker.compute.layers.gemv.choice import tiles_for
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS
 from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
 from aioworker.compute.layers.ops import silu_and_mul
+from aioworker.compute.layers.quantized.checkpoint_int4 import Int4Checkpoint
 from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
 from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoad
 
@@ -46,6 +47,13 @@ OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
     Int4OnLoad: lambda layer: KernelOperands(
         layer.weight, None, (layer.weight_scale, layer.weight_offset)
     ),
+    # The checkpoint's int32 words as loaded; scales and offsets read in place from the
+    # [G, N, 2] tensor derived for torch's kernel (w = (q - 8) s + o, o = -z s).
+    Int4Checkpoint: lambda layer: KernelOperands(
+        layer.weight_packed,
+        None,
+        (layer.int4_scales_and_offsets[..., 0].t(), layer.int4_scales_and_offsets[..., 1].t()),
+    ),
 }
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -60,6 +68,8 @@ class SmallRows:
     def __init__(self, inner: LinearMethod) -> None:
         self.inner = inner
         self.name = inner.name
+        # What the loader asks of a format: checkpoint tensors it leaves unread.
+        self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
         self.operands = OPERANDS[type(inner)]
         self.devices = kernel_devices()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 
@@ -33,7 +34,7 @@ def small_rows_product(
     w = (q - 8) s + o. Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]."""
     num_rows, depth = x.shape
-    stored_depth = depth // 2 if int4_groups is not None else depth
+    stored_depth = depth // INT4_VALUES.get(weight.dtype, 1) if int4_groups else depth
     if not 1 <= num_rows <= MAX_ROWS or weight.shape[1] != stored_depth or x.stride(1) != 1:
         raise ValueError(f"takes 1 to {MAX_ROWS} contiguous rows of {weight.shape[1]}: {x.shape}")
     if not tiles.dot and num_rows != 1:
@@ -47,10 +48,13 @@ def small_rows_product(
     if splits > 1:
         width = channels * 2 if gated else channels
         partial = torch.empty(splits, num_rows, width, dtype=torch.float32, device=x.device)
-    group, group_scale, group_offset = 0, weight, weight
+    group, group_scale, group_offset, per_unit = 0, weight, weight, 1
     if int4_groups is not None:
-        group_scale, group_offset = (t.contiguous() for t in int4_groups)
+        group_scale, group_offset = int4_groups
+        if group_scale.stride() != group_offset.stride():
+            raise ValueError("int4 scales and offsets must be laid out alike")
         group = depth // group_scale.shape[1]
+        per_unit = INT4_VALUES[weight.dtype]
         if tiles.block_k % group and group % tiles.block_k:
             raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
@@ -58,9 +62,10 @@ def small_rows_product(
     _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
         partial, num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
-        group_scale.stride(0), partial.stride(0), out.stride(0),
+        group_scale.stride(0), group_scale.stride(1), partial.stride(0), out.stride(0),
         SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
-        IEEE=x.dtype == torch.float32, INT4_GROUP=group,
+        IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
+        INT4_LOW_FIRST=weight.dtype == torch.int32,
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,

@@ -1,5 +1,5 @@
 """The small-rows kernels on the GPU at the shapes of configs/models/ and their TP=2 shards, in
-bf16, e4m3, int8 and int4, with the tiles production picks; a CUDA graph of them equals eager."""
+bf16, e4m3, int8 and int4 (bytes and int32 words), with the tiles production picks; a CUDA graph of them equals eager."""
 
 from __future__ import annotations
 
@@ -51,7 +51,13 @@ def stored(dense: torch.Tensor, fmt: str):
         return q, scale, None, q.float() * scale.float()[:, None]
     packed, scales, offsets = quantize_int4_rows(dense.float())
     groups = (scales.to(torch.bfloat16), offsets.to(torch.bfloat16))
-    return packed, None, groups, dequantize_int4_rows(packed, *groups)
+    values = dequantize_int4_rows(packed, *groups)
+    if fmt == "int4-words":  # a compressed-tensors checkpoint's int32 words
+        from aioworker.compute.layers.quantized.weight_only import unpack_nibbles
+        from tests.quantized_checkpoints import pack_int32
+
+        packed = pack_int32(unpack_nibbles(packed).to(torch.int32) - 8, 1)
+    return packed, None, groups, values
 
 
 def reference(x, values, gated):
@@ -62,14 +68,14 @@ def reference(x, values, gated):
     return y
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "e4m3", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3", "int8", "int4", "int4-words"])
 def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
     from aioworker.compute.layers.gemv.choice import tiles_for
     from aioworker.compute.layers.gemv.product import small_rows_product
 
     failures = []
     for channels, depth, gated in sorted(projection_shapes()):
-        if fmt == "int4" and depth % 32:
+        if fmt.startswith("int4") and depth % 32:
             continue  # int4's groups of 32 must divide K
         dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
         weight, scale, groups, values = stored(dense, fmt)

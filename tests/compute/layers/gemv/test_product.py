@@ -132,3 +132,26 @@ def test_int4_groups_dequantize_in_the_kernel(tiles: Tiles, gated: bool) -> None
     got = small_rows_product(x, packed, tiles, gated=gated, int4_groups=(scales, offsets))
     want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated=gated)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("tiles", [INT4_TILES[0], INT4_TILES[1]])
+def test_int4_words_with_strided_groups_as_a_checkpoint_stores_them(tiles: Tiles) -> None:
+    """compressed-tensors' int32 words (eight values, the first in the low bits) and group scales
+    and offsets read in place from the [G, N, 2] tensor torch's int4 kernel keeps."""
+    from aioworker.compute.layers.quantized.checkpoint_int4 import unpack_int32
+    from aioworker.compute.layers.quantized.weight_only import dequantize_int4_values
+
+    g = torch.Generator().manual_seed(2)
+    values = torch.randint(0, 16, (45, 256), generator=g, dtype=torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    words = (values.reshape(45, 32, 8) << shifts).sum(-1, dtype=torch.int32)
+    assert torch.equal(unpack_int32(words, 1), values)
+    scales_and_offsets = torch.rand(256 // 32, 45, 2, generator=g) - 0.5  # [G, N, 2]
+    scales, offsets = scales_and_offsets[..., 0].t(), scales_and_offsets[..., 1].t()
+    x = torch.randn(5, 256, generator=g)
+    got = small_rows_product(
+        x.to(DEVICE), words.to(DEVICE), tiles,
+        int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)),
+    )  # fmt: skip
+    want = reference(x, dequantize_int4_values(values, scales, offsets))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)

@@ -1,0 +1,56 @@
+"""compressed-tensors W4A16 checkpoints through the small-rows kernels: their int32 words and
+group scales are read as loaded (no second copy), a few rows multiply as the dequantized weights
+do, and greedy tokens equal torch's int4 path (CPU under Triton's interpreter, float32)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from aioworker.compute.layers.gemv.method import SmallRows  # noqa: E402
+from tests.compute.layers.test_quantized_checkpoints import (  # noqa: E402
+    SETTINGS,
+    SIZES,
+    generate,
+    read_back,
+    reference_weight,
+)
+from tests.conftest import make_engine  # noqa: E402
+from tests.quantized_checkpoints import write_quantized  # noqa: E402
+from tests.tiny_models import build_tiny_model  # noqa: E402
+
+KERNELS = {"device.small_batch_kernels": True, "device.cpu_packed_weights": False}
+
+
+@pytest.mark.parametrize("layout", ["ct-w4a16", "ct-w4a16-asym"])
+def test_w4a16_words_multiply_as_their_dequantized_weights(tmp_path, layout) -> None:
+    build_tiny_model("llama", tmp_path / "dense", logit_scale=4.0, **SIZES)
+    write_quantized(tmp_path / "dense", layout, tmp_path / "quantized", tmp_path / "reference")
+    reference = load_file(str(tmp_path / "reference" / "model.safetensors"))
+    outputs = []
+    for kernels in (False, True):
+        engine = make_engine(tmp_path / "quantized", **SETTINGS, **(KERNELS if kernels else {}))
+        try:
+            block = engine.executor.runner.model.model.layers[1]
+            for owner, name in (("self_attn", "qkv_proj"), ("mlp", "down_proj")):
+                layer = getattr(getattr(block, owner), name)
+                assert isinstance(layer.linear_method, SmallRows) == kernels
+                want = reference_weight(reference, f"model.layers.1.{owner}", name)
+                got = read_back(layer, want.shape[1], 3)
+                atol = 2**-8 * want.abs().max().item()  # offsets held in bfloat16
+                torch.testing.assert_close(got, want[:, :3], rtol=2**-7, atol=atol)
+            outputs.append(generate(engine))
+        finally:
+            engine.close()
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(*outputs, strict=True):
+        assert tokens == want_tokens
+        for entry, want in zip(logprobs, want_logprobs, strict=True):
+            assert abs(entry.logprob - want.logprob) < 0.1  # torch's path rounds rows to bf16
