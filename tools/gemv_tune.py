@@ -27,6 +27,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aioworker.bench import gpu  # noqa: E402
+from aioworker.bench.gpu_spec import replay_ms  # noqa: E402
 from aioworker.compute.layers.gemv.choice import TABLE_PATH, format_of, table_key  # noqa: E402
 from aioworker.compute.layers.gemv.product import small_rows_product  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
@@ -77,26 +79,8 @@ def graph_time_s(fn, copies: int) -> float:
     with torch.cuda.graph(graph):
         for i in range(copies):
             fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    reps = max(3, int(0.05 / max(graph_seconds(graph), 1e-6)))
-    return min(graph_seconds(graph, reps) for _ in range(3)) / copies
-
-
-def graph_seconds(graph, reps: int = 1) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
-
-
-def copy_bandwidth() -> float:
-    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    out = torch.empty_like(big)
-    return 2 * big.numel() / graph_time_s(lambda _: out.copy_(big), 4)
+    reps = max(3, int(50 / max(replay_ms(graph, 1), 1e-3)))  # about 50 ms of replays
+    return min(replay_ms(graph, reps) for _ in range(3)) / 1e3 / copies
 
 
 def weights(channels: int, depth: int, fmt: str, copies: int):
@@ -163,7 +147,7 @@ def main() -> None:
     parser.add_argument("--write-table", action="store_true")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
-    rate = copy_bandwidth()
+    rate = gpu.measure_limits().copy_bytes_per_s  # what W4's floors divide by
     print(f"copy bandwidth (read + write): {rate / 1e12:.2f} TB/s", flush=True)
     rows_list = [int(r) for r in args.rows.split(",")]
     results = {"copy_bytes_per_s": rate, "shapes": []}

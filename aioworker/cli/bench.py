@@ -33,6 +33,7 @@ WORKLOAD_HELP = (
     "directory with config.json and tokenizer.json, and model.load_format=dummy); ep: a MoE "
     "model's experts split across two CPU ranks both ways (expert_parallel_size 1 and 2)"
 )
+W4_FORMATS = ("none", "fp8", "wint8", "wint4")
 ALONE = ("control", "api", "chat", "serve", "spec", "quant", "guided", "ep")
 
 
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--w4-formats",
-        default="none,fp8,wint8,wint4",
+        default=",".join(W4_FORMATS),
         metavar="LIST",
         help="GPU workload w4: the weight formats to measure, comma-separated (default: all four)",
     )
@@ -72,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
         if args.w9_users < 1:
             return fail(f"--w9-users is {args.w9_users}; give 1 or more (128 by default)")
         formats = tuple(f for f in args.w4_formats.split(",") if f)
-        unknown = sorted(set(formats) - {"none", "fp8", "wint8", "wint4"})
+        unknown = sorted(set(formats) - set(W4_FORMATS))
         if unknown:
-            return fail(f"--w4-formats names {', '.join(unknown)}; give none, fp8, wint8, wint4")
+            return fail(f"--w4-formats names {', '.join(unknown)}; give {', '.join(W4_FORMATS)}")
         return run_gpu(args.workload, not args.no_reference, args.record, args.w9_users, formats)
     if args.workload == ["control"]:
         return run_control_plane(args.record)
@@ -104,7 +105,7 @@ def run_gpu(
     with_reference: bool,
     record: str | None,
     w9_users: int = 128,
-    w4_formats: tuple[str, ...] = ("none", "fp8", "wint8", "wint4"),
+    w4_formats: tuple[str, ...] = W4_FORMATS,
 ) -> int:
     from aioworker.bench import (
         gpu,

@@ -11,6 +11,7 @@ at least 512 of K (a split's partial sums are written and read again once).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -63,7 +64,7 @@ def rule_tiles(channels: int, depth: int, gated: bool, sms: int) -> Tiles:
         output_tiles * splits < PROGRAMS_PER_SM * sms and depth // (splits * 2) >= MIN_K_PER_SPLIT
     ):
         splits *= 2
-    return Tiles(tiles.dot, tiles.block_n, tiles.block_k, splits, tiles.num_warps, tiles.num_stages)
+    return dataclasses.replace(tiles, splits=splits)
 
 
 @functools.cache

@@ -87,11 +87,8 @@ class SmallRows:
 
     def _takes(self, x: torch.Tensor) -> bool:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return (
-            1 <= rows <= MAX_ROWS
-            and x.device.type in self.devices
-            and (x.dtype in ACTIVATION_DTYPES)
-        )
+        on_device = x.device.type in self.devices and x.dtype in ACTIVATION_DTYPES
+        return 1 <= rows <= MAX_ROWS and on_device
 
     def _product(
         self, layer: nn.Module, x: torch.Tensor, gated: bool, bias: torch.Tensor | None
