@@ -2,39 +2,44 @@
 # On the GPU machine, issues 22 and 23 in three calls (each under the 10-minute limit); logs and
 # the tuned table under $OUT, a short table last.
 #   tools/gpu_issue22.sh tune     the kernels' GPU tests, then the tile sweep (writes the table)
-#   tools/gpu_issue22.sh bench    W4 bf16 and fp8 with the kernels off and on (recorded), a profile
-#   tools/gpu_issue22.sh bench23  W4 wint8 and wint4 likewise (issue 23)
-# TABLE=path: a table from an earlier `tune`, put in place before a bench.
+#   tools/gpu_issue22.sh bench    W4 for every format, kernels off and on (recorded), in two runs
+#   tools/gpu_issue22.sh check    the GPU tests of compute/ and the profile of an 8B step
+# TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
+# /tmp, while the machine stays warm).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
+TABLE="${TABLE:-/tmp/tuned_tiles.json}"
+[ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
 w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT)
-  [ -f "${TABLE:-}" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
   timeout "$2" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
-    --workload w4 --w4-formats "$1" --no-reference --record docs/benchmarks.md > "$out/w4.log" 2>&1
+    --workload w4 --w4-formats "$1" --no-reference --record docs/benchmarks.md > "$out/w4_$3.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
 case "${1:-}" in
   tune)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
       > "$out/gemv_tests.log" 2>&1
-    timeout 360 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 330 \
+    timeout 400 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 330 \
       --write-table > "$out/gemv_tune.log" 2>&1
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
-    echo "== sweep"; tail -24 "$out/gemv_tune.log"
+    echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; tail -32 "$out/gemv_tune.log"
     ;;
   bench)
-    w4 none,fp8 480
-    timeout 90 python3 tools/profile_step.py --model llama-3.1-8b --small-batch-kernels \
+    w4 none,fp8 300 a
+    w4 wint8,wint4 270 b
+    echo "== w4"; tail -11 "$out/w4_a.log"; tail -9 "$out/w4_b.log"
+    ;;
+  check)
+    timeout 420 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu tests/compute \
+      > "$out/gpu_tests.log" 2>&1
+    timeout 100 python3 tools/profile_step.py --model llama-3.1-8b --small-batch-kernels \
       > "$out/profile.log" 2>&1
-    echo "== profile"; head -22 "$out/profile.log"
-    echo "== w4"; tail -12 "$out/w4.log"
+    echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_tests.log" | tail -12
+    echo "== profile"; head -24 "$out/profile.log"
     ;;
-  bench23)
-    w4 wint8,wint4 560
-    echo "== w4"; tail -12 "$out/w4.log"
-    ;;
-  *) echo "usage: $0 tune|bench|bench23" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|bench|check" >&2; exit 2 ;;
 esac
 exit 0

@@ -39,13 +39,38 @@ def _weight_tile(
     stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
     int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
     of columns."""
+    # Compiled Triton keeps one return per function: a constexpr branch that returns early would
+    # still compile the code after it (the interpreter does not), so each branch is a function.
     if INT4_GROUP == 0:
-        ks = k0 + tl.arange(0, BLOCK_K)
-        mask = in_range[:, None]
-        if not EVEN_K:
-            mask = mask & (ks[None, :] < depth)
-        tile = tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
-        return tile.to(compute_dtype)
+        w = _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_K)
+    else:
+        w = _int4_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+            stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+            INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return w.to(compute_dtype)
+
+
+@triton.jit
+def _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """W's rows at columns k0 .. k0 + BLOCK_K as stored (bf16, e4m3, int8)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    mask = in_range[:, None]
+    if not EVEN_K:
+        mask = mask & (ks[None, :] < depth)
+    return tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _int4_tile(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's rows at columns k0 .. k0 + BLOCK_K from 4-bit values, dequantized (float32)."""
     units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
     mask = in_range[:, None]
     if not EVEN_K:
@@ -73,7 +98,7 @@ def _weight_tile(
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
         w = tl.reshape((q3 - 8.0) * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
-    return w.to(compute_dtype)
+    return w
 
 
 @triton.jit
@@ -94,8 +119,10 @@ def _accumulate(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
 def _finish(acc, DOT: tl.constexpr):
     """The accumulator as [BLOCK_N, BLOCK_M] sums."""
     if DOT:
-        return acc
-    return tl.sum(acc, axis=1)[:, None]
+        sums = acc
+    else:
+        sums = tl.sum(acc, axis=1)[:, None]
+    return sums
 
 
 @triton.jit
@@ -112,8 +139,10 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
     if HAS_BIAS:
         gate += tl.load(bias_ptr + channels, mask=in_range, other=0.0).to(tl.float32)[:, None]
     if GATED:
-        return gate * tl.sigmoid(gate) * up
-    return gate
+        y = gate * tl.sigmoid(gate) * up
+    else:
+        y = gate
+    return y
 
 
 @triton.jit

@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv import product  # noqa: E402
 from aioworker.compute.layers.gemv.method import SmallRows, small_rows  # noqa: E402
+from aioworker.compute.layers.gemv.tiles import MAX_ROWS  # noqa: E402
 from aioworker.compute.layers.linear_method import UNQUANTIZED, methods_in  # noqa: E402
 from aioworker.core.sampling_params import SamplingParams  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
@@ -49,7 +50,8 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     assert greedy(tmp_path, prompts, kernels=True) == want
-    assert max(rows for rows, _, _ in calls) == 3  # the three decode together, never a prefill
+    # The three decode together, never a prefill; on CUDA padded to a captured graph's size.
+    assert 3 <= max(rows for rows, _, _ in calls) <= MAX_ROWS
     assert any(gated for _, gated, _ in calls)
     assert any(bias for _, _, bias in calls) == (arch == "qwen2")
 
