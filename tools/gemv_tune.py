@@ -75,7 +75,7 @@ def candidates(channels: int, depth: int, gated: bool, dot: bool, sms: int) -> l
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
-        grid = itertools.product((16, 32), (256, 512), (1, 2, 4, 8))
+        grid = itertools.product((16, 32), (256, 512, 1024), (1, 2, 4, 8))
     found = []
     for block_n, block_k, splits in grid:
         programs = -(-(channels // 2 if gated else channels) // block_n) * splits

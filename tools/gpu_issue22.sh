@@ -3,6 +3,7 @@
 # the tuned table under $OUT, a short table last.
 #   tools/gpu_issue22.sh tune     the kernels' GPU tests, then the tile sweep (writes the table)
 #   tools/gpu_issue22.sh bench    W4 for every format, kernels off and on (recorded), in two runs
+#   tools/gpu_issue22.sh all      tune (a shorter sweep), then bench with the table it wrote
 #   tools/gpu_issue22.sh check    the GPU tests of compute/ and the profile of an 8B step
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
@@ -16,12 +17,24 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
     --workload w4 --w4-formats "$1" --no-reference --record docs/benchmarks.md > "$out/w4_$3.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
+tune() {  # $1: the sweep's budget in seconds
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
+    > "$out/gemv_tests.log" 2>&1
+  timeout $(( $1 + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s "$1" \
+    --write-table > "$out/gemv_tune.log" 2>&1
+}
 case "${1:-}" in
+  all)
+    tune 230
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+    w4 none,fp8 110 a
+    w4 wint8,wint4 110 b
+    echo "== tests"; grep -E "passed|failed|^FAILED|^E  |top-1" "$out/gemv_tests.log" | tail -12
+    echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; grep "^| llama" "$out/gemv_tune.log"
+    echo "== w4"; tail -11 "$out/w4_a.log"; tail -9 "$out/w4_b.log"
+    ;;
   tune)
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
-      > "$out/gemv_tests.log" 2>&1
-    timeout 400 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 330 \
-      --write-table > "$out/gemv_tune.log" 2>&1
+    tune 330
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
     cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gemv.int4_row import int4_row_step
+
 
 @triton.jit
 def _weight_tile(
@@ -118,10 +120,7 @@ def _accumulate(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _finish(acc, DOT: tl.constexpr):
     """The accumulator as [BLOCK_N, BLOCK_M] sums."""
-    if DOT:
-        sums = acc
-    else:
-        sums = tl.sum(acc, axis=1)[:, None]
+    sums = acc if DOT else tl.sum(acc, axis=1)[:, None]
     return sums
 
 
@@ -138,10 +137,7 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
             up = up * up_scale[:, None]
     if HAS_BIAS:
         gate += tl.load(bias_ptr + channels, mask=in_range, other=0.0).to(tl.float32)[:, None]
-    if GATED:
-        y = gate * tl.sigmoid(gate) * up
-    else:
-        y = gate
+    y = gate * tl.sigmoid(gate) * up if GATED else gate
     return y
 
 
@@ -153,43 +149,46 @@ def _small_rows_kernel(
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr,
-    SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
+    ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows).
     SPLIT: out_ptr is the float32 partials [splits, rows, channels (x2 when GATED)]; otherwise
-    the output [rows, channels]."""
+    the output [rows, channels]. ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an
+    accumulator column per row (DOT), per column of the tile (FMA), or per group of K
+    (ROW_GROUPS)."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
     rows = tl.arange(0, BLOCK_M)
     compute_dtype = x_ptr.dtype.element_ty
-    if DOT:
-        gate_acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        up_acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        gate_acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        up_acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    gate_acc = tl.zeros((BLOCK_N, ACC_COLUMNS), dtype=tl.float32)
+    up_acc = tl.zeros((BLOCK_N, ACC_COLUMNS), dtype=tl.float32)
+    # FMA tiles widen straight to float32 (e4m3 and int8: one conversion, not two).
+    tile_dtype = compute_dtype if DOT else tl.float32
     first = split * k_per_split
     for start in range(0, k_per_split, BLOCK_K):
-        ks = first + start + tl.arange(0, BLOCK_K)
-        x_mask = rows[:, None] < num_rows
-        if not EVEN_K:
-            x_mask = x_mask & (ks[None, :] < depth)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
-        w = _weight_tile(
-            w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, first + start, stride_w,
-            stride_group_row, stride_group, depth, compute_dtype, EVEN_K, INT4_GROUP,
-            INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-        gate_acc = _accumulate(gate_acc, x, w, DOT, IEEE)
-        if GATED:
-            w_up = _weight_tile(
-                w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
-                first + start, stride_w, stride_group_row, stride_group, depth, compute_dtype,
-                EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        if ROW_GROUPS:
+            gate_acc = int4_row_step(
+                gate_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range,
+                first + start, stride_w, stride_group_row, stride_group, depth, EVEN_K,
+                INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_K,
             )  # fmt: skip
-            up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
+            if GATED:
+                up_acc = int4_row_step(
+                    up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+                    channels + num_channels, in_range, first + start, stride_w,
+                    stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+                    INT4_LOW_FIRST, BLOCK_K,
+                )  # fmt: skip
+        else:
+            gate_acc, up_acc = _stored_step(
+                gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,
+                in_range, rows, num_rows, num_channels, first + start, stride_x, stride_w,
+                stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE, EVEN_K,
+                INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
     if SPLIT:
@@ -203,6 +202,36 @@ def _small_rows_kernel(
                       GATED)  # fmt: skip
         out = out_ptr + rows[None, :] * stride_out + channels[:, None]
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _stored_step(
+    gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, rows,
+    num_rows, num_channels, k0, stride_x, stride_w, stride_group_row, stride_group, depth,
+    tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
+    INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One step of K: x's rows, W's tile (and the up rows' when GATED) widened, accumulated."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    x_mask = rows[:, None] < num_rows
+    if not EVEN_K:
+        x_mask = x_mask & (ks[None, :] < depth)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
+    w = _weight_tile(
+        w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
+        stride_group_row, stride_group, depth, tile_dtype, EVEN_K, INT4_GROUP,
+        INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    gate_acc = _accumulate(gate_acc, x, w, DOT, IEEE)
+    if GATED:
+        w_up = _weight_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
+            k0, stride_w, stride_group_row, stride_group, depth, tile_dtype,
+            EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
+    return gate_acc, up_acc
 
 
 @triton.jit

@@ -57,7 +57,11 @@ def small_rows_product(
         per_unit = INT4_VALUES[weight.dtype]
         if tiles.block_k % group and group % tiles.block_k:
             raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
+        if not tiles.dot and tiles.block_k % group:
+            raise ValueError(f"FMA tiles on int4 take whole groups: BLOCK_K {tiles.block_k}")
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
+    row_groups = not tiles.dot and group > 0
+    acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k
     placeholder = scale if scale is not None else weight
     _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
@@ -67,7 +71,7 @@ def small_rows_product(
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
         INT4_LOW_FIRST=weight.dtype == torch.int32,
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
-        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns, BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:

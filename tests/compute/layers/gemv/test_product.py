@@ -114,7 +114,8 @@ def test_int8_weights_with_channel_scales_equal_their_dequantized_product() -> N
 INT4_TILES = [
     Tiles(block_n=16, block_k=16, splits=3),  # tiles inside one group of 32
     Tiles(block_n=32, block_k=64),  # two groups a tile
-    Tiles(dot=False, block_n=16, block_k=128, splits=2),
+    Tiles(dot=False, block_n=16, block_k=128, splits=2),  # one row: int4_row.py, K past its end
+    Tiles(dot=False, block_n=8, block_k=32, splits=3),  # one group a step
 ]
 
 
@@ -134,7 +135,7 @@ def test_int4_groups_dequantize_in_the_kernel(tiles: Tiles, gated: bool) -> None
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("tiles", [INT4_TILES[0], INT4_TILES[1]])
+@pytest.mark.parametrize("tiles", INT4_TILES)
 def test_int4_words_with_strided_groups_as_a_checkpoint_stores_them(tiles: Tiles) -> None:
     """compressed-tensors' int32 words (eight values, the first in the low bits) and group scales
     and offsets read in place from the [G, N, 2] tensor torch's int4 kernel keeps."""
@@ -148,7 +149,7 @@ def test_int4_words_with_strided_groups_as_a_checkpoint_stores_them(tiles: Tiles
     assert torch.equal(unpack_int32(words, 1), values)
     scales_and_offsets = torch.rand(256 // 32, 45, 2, generator=g) - 0.5  # [G, N, 2]
     scales, offsets = scales_and_offsets[..., 0].t(), scales_and_offsets[..., 1].t()
-    x = torch.randn(5, 256, generator=g)
+    x = torch.randn(5 if tiles.dot else 1, 256, generator=g)
     got = small_rows_product(
         x.to(DEVICE), words.to(DEVICE), tiles,
         int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)),

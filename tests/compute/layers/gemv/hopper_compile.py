@@ -1,0 +1,88 @@
+"""Compile the small-rows kernels for Hopper (sm_90) on any machine, no GPU needed: Triton's
+interpreter runs the kernels as Python, so code it accepts can still fail to compile (an early
+return in a constexpr branch did: the compiler went on into the code after it). Run by
+test_hopper_compile.py in a process of its own, without TRITON_INTERPRET.
+
+    python tests/compute/layers/gemv/hopper_compile.py    prints one line per variant compiled
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+WEIGHTS = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "int8": "*i8", "int4": "*u8", "int4-words": "*i32"}
+PRODUCT_ARGS = [
+    "x_ptr",
+    "w_ptr",
+    "scale_ptr",
+    "bias_ptr",
+    "group_scale_ptr",
+    "group_offset_ptr",
+    "out_ptr",
+    "num_rows",
+    "num_channels",
+    "depth",
+    "k_per_split",
+    "stride_x",
+    "stride_w",
+    "stride_group_row",
+    "stride_group",
+    "stride_split",
+    "stride_out",
+]
+
+
+def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool):
+    int4 = fmt.startswith("int4")
+    block_m, block_k = (16, 64) if dot else (1, 128)
+    constants = {
+        "SCALED": fmt in ("e4m3", "int8"), "HAS_BIAS": not gated, "GATED": gated, "DOT": dot,
+        "IEEE": False, "INT4_GROUP": 32 if int4 else 0,
+        "INT4_PER_UNIT": {"int4": 2, "int4-words": 8}.get(fmt, 1),
+        "INT4_LOW_FIRST": fmt == "int4-words", "SPLIT": split, "EVEN_K": even_k,
+        "ROW_GROUPS": int4 and not dot,
+        "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
+        "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k,
+    }  # fmt: skip
+    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "out_ptr": "*fp32" if split else "*bf16"}
+    signature = {
+        name: pointers.get(name, "*bf16" if name.endswith("_ptr") else "i32")
+        for name in PRODUCT_ARGS
+    }
+    signature |= dict.fromkeys(constants, "constexpr")
+    return ASTSource(_small_rows_kernel, signature, constants)
+
+
+def reduce_variant(gated: bool):
+    constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "BLOCK": 256}
+    signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
+                 "out_ptr": "*bf16", "num_splits": "i32", "num_channels": "i32",
+                 "stride_split": "i32", "stride_out": "i32"}  # fmt: skip
+    return ASTSource(_reduce_kernel, signature | dict.fromkeys(constants, "constexpr"), constants)
+
+
+def main() -> None:
+    options = {"num_warps": 4, "num_stages": 3}
+    for fmt, dot in itertools.product(WEIGHTS, (True, False)):
+        # Gated with split K and uneven K; plain with neither: every branch once per format.
+        for gated, split, even_k in ((True, True, False), (False, False, True)):
+            triton.compile(product_variant(fmt, gated, dot, split, even_k), HOPPER, options)
+            print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k}")
+    for gated in (False, True):
+        triton.compile(reduce_variant(gated), HOPPER, options)
+        print(f"compiled reduce gated={gated}")
+
+
+if __name__ == "__main__":
+    main()
