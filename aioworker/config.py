@@ -98,9 +98,9 @@ class DeviceOptions(_Section):
     # CPU: reorder linear weights once into oneDNN's layout (faster matmuls, a second copy in memory).
     cpu_packed_weights: bool = True
     # CUDA: multiply decode's batches of 1 to 8 rows with our Triton kernels (each weight read
-    # once by enough programs to fill the device; gate/up fused with SiLU) instead of cuBLAS.
-    # Off until measured faster on the GPU (docs/benchmarks.md).
-    small_batch_kernels: bool = False
+    # once by enough programs to fill the device; gate/up fused with SiLU) where the tuned table
+    # measured them faster than the format's torch product (docs/benchmarks.md, W4).
+    small_batch_kernels: bool = True
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
