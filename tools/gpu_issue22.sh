@@ -35,10 +35,10 @@ case "${1:-}" in
     echo "== w4"; tail -11 "$out/w4_a.log"; tail -9 "$out/w4_b.log"
     ;;
   final)  # the kernels' shape tests, W4 for every format, the GPU tests of composed features
-    timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
+    timeout 50 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
       tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
-    w4 none,fp8,wint8,wint4 120 a
-    timeout 175 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
+    w4 none,fp8,wint8,wint4 100 a
+    timeout 105 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
       tests/compute/test_gpu.py tests/compute/step tests/compute/sampling \
       tests/compute/test_gpu_guided.py tests/compute/test_gpu_quantization.py \
       tests/test_host_kv_tier.py > "$out/gpu_tests.log" 2>&1

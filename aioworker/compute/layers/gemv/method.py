@@ -58,10 +58,17 @@ OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+# Set by tests (with TRITON_INTERPRET=1 set before Triton is imported) to run the kernels whole
+# on the CPU. Not the environment variable alone: a test process that sets it for a few tests
+# would send every CPU engine after them through the interpreter.
+INTERPRET_ON_CPU = False
+
+
 def kernel_devices() -> tuple[str, ...]:
-    """Where the kernels run: CUDA, and CPU tensors too under Triton's interpreter
-    (TRITON_INTERPRET=1, set before Triton is imported: how the CPU suite runs them whole)."""
-    return ("cuda", "cpu") if os.environ.get("TRITON_INTERPRET") == "1" else ("cuda",)
+    """Where the kernels run: CUDA, and CPU tensors too where tests ask for Triton's interpreter
+    (INTERPRET_ON_CPU)."""
+    interpreted = INTERPRET_ON_CPU and os.environ.get("TRITON_INTERPRET") == "1"
+    return ("cuda", "cpu") if interpreted else ("cuda",)
 
 
 class SmallRows:

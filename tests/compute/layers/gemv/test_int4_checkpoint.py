@@ -37,7 +37,8 @@ def test_w4a16_words_multiply_as_their_dequantized_weights(tmp_path, layout) -> 
     reference = load_file(str(tmp_path / "reference" / "model.safetensors"))
     outputs = []
     for kernels in (False, True):
-        engine = make_engine(tmp_path / "quantized", **SETTINGS, **(KERNELS if kernels else {}))
+        switch = KERNELS | {"device.small_batch_kernels": kernels}
+        engine = make_engine(tmp_path / "quantized", **SETTINGS, **switch)
         try:
             block = engine.executor.runner.model.model.layers[1]
             for owner, name in (("self_attn", "qkv_proj"), ("mlp", "down_proj")):
