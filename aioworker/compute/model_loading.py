@@ -34,10 +34,14 @@ from aioworker.config import ConfigError, WorkerConfig
 log = logging.getLogger(__name__)
 
 CPU_WEIGHT_ONLY = {"wint8": WINT8, "wint4": WINT4}
-# Measured on the H200, Llama-3.1-8B shape, against bf16 (docs/benchmarks.md, W8).
+# Measured on the H200, Llama-3.1-8B shape, against bf16 (docs/benchmarks.md, W4 and W8), by
+# whether the small-batch kernels (device.small_batch_kernels) multiply decode's few rows.
 SLOW_ON_GPU = {
-    "wint8": "decodes about 5x slower than bf16 at batch 1 and 2x at 256",
-    "wint4": "decodes faster than bf16 only at batch 1, and 3x slower at 256",
+    ("wint8", False): "decodes about 5x slower than bf16 at batch 1 and 2x at 256",
+    ("wint8", True): "decodes faster than bf16 up to 8 rows (the small-batch kernels) and about "
+    "2x slower at 256",
+    ("wint4", False): "decodes faster than bf16 only at batch 1, and 3x slower at 256",
+    ("wint4", True): "decodes faster than bf16 only at batch 1, and 3x slower at 256",
 }
 ON_LOAD = {"fp8": FP8, "wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}
 
@@ -91,11 +95,12 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
             "model.quantize_lm_head runs on the CPU only: on a GPU the formats hold no dense "
             "weight, and the LM head's may be the input embedding's; set it to false"
         )
-    if quantization in SLOW_ON_GPU:
+    slow = SLOW_ON_GPU.get((quantization, config.device.small_batch_kernels))
+    if slow:
         log.warning(
-            "model.quantization %r on a GPU saves weight memory but %s (torch's kernels; "
-            "docs/benchmarks.md, W8); fp8 is the fast format on Hopper",
-            quantization, SLOW_ON_GPU[quantization],
+            "model.quantization %r on a GPU saves weight memory but %s (docs/benchmarks.md, "
+            "W4 and W8); fp8 is the fast format on Hopper",
+            quantization, slow,
         )  # fmt: skip
     return LinearMethods(ON_LOAD[quantization], dense)
 

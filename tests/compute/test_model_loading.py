@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from aioworker.compute.layers import weight_only
+from aioworker.compute.layers.gemv.method import SmallRows
 from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD
 from aioworker.compute.model_loading import linear_methods
 from aioworker.config import ConfigError, load_config
@@ -18,8 +19,9 @@ UNQUANTIZED_CHECKPOINT = SimpleNamespace(quant_method="", quantization_config=""
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # CUDA is not touched for these formats
 
 
-def config(**model):
-    return load_config(overrides={f"model.{key}": value for key, value in model.items()})
+def config(kernels: bool = True, **model):
+    overrides = {f"model.{key}": value for key, value in model.items()}
+    return load_config(overrides={**overrides, "device.small_batch_kernels": kernels})
 
 
 def test_the_cpu_keeps_its_dense_weight_formats_and_the_gpu_holds_quantized_values() -> None:
@@ -27,13 +29,28 @@ def test_the_cpu_keeps_its_dense_weight_formats_and_the_gpu_holds_quantized_valu
         linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="wint4"), CPU).projections
         is weight_only.WINT4
     )
-    assert linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="wint4"), CUDA).projections is WINT4_ON_LOAD  # fmt: skip
+    plain = linear_methods(UNQUANTIZED_CHECKPOINT, config(False, quantization="wint4"), CUDA)
+    assert plain.projections is WINT4_ON_LOAD
 
 
-def test_a_slow_gpu_format_is_said_to_be_slow(caplog) -> None:
+def test_on_cuda_the_small_rows_kernels_wrap_the_formats_and_never_on_the_cpu() -> None:
+    """device.small_batch_kernels (on by default): decode's few rows go to compute/layers/gemv/
+    on CUDA; the CPU keeps its methods as they are."""
+    on_cuda = linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="wint4"), CUDA)
+    assert isinstance(on_cuda.projections, SmallRows) and on_cuda.projections.inner is WINT4_ON_LOAD
+    assert isinstance(on_cuda.lm_head, SmallRows)
+    on_cpu = linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="wint4"), CPU)
+    assert on_cpu.projections is weight_only.WINT4
+
+
+@pytest.mark.parametrize(
+    ("kernels", "said"),
+    [(False, "decodes about 5x slower"), (True, "decodes faster than bf16 up to 8 rows")],
+)
+def test_a_slow_gpu_format_is_said_to_be_slow(caplog, kernels: bool, said: str) -> None:
     with caplog.at_level(logging.WARNING):
-        linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="wint8"), CUDA)
-    assert "'wint8' on a GPU saves weight memory but decodes about 5x slower" in caplog.text
+        linear_methods(UNQUANTIZED_CHECKPOINT, config(kernels, quantization="wint8"), CUDA)
+    assert f"'wint8' on a GPU saves weight memory but {said}" in caplog.text
 
 
 @pytest.mark.parametrize(
