@@ -148,7 +148,8 @@ def sweep_one(channels, depth, gated, fmt, device, deadline) -> dict:
     copies = 2 if device == "cpu" else max(2, min(48, -(-COPY_TARGET_BYTES // read)))
     layers = [first] + [build_layer(method, channels, depth, device) for _ in range(copies - 1)]
     sms = 2 if device == "cpu" else torch.cuda.get_device_properties(0).multi_processor_count
-    found = {"bytes": read}
+    # The table is keyed by what the kernels read, as `tiles_for` keys it.
+    found = {"bytes": read, "format": format_of(OPERANDS[type(method)](first).weight.dtype)}
     for rows in (1, 8):
         x = torch.randn(rows, depth, device=device)
         want = theirs(method, first, x, gated)
@@ -224,8 +225,7 @@ def main() -> None:
                 if not entry["timed"]:
                     continue
                 t, tiles = entry["timed"][0]
-                stored = stored_dtype(fmt)
-                key = table_key(rows, channels, depth, format_of(stored), gated)
+                key = table_key(rows, channels, depth, found["format"], gated)
                 table["tiles"][key] = dataclasses.asdict(tiles) if t < entry["theirs_s"] else None
                 line = (
                     f"| {model} {proj} | {fmt} | {rows} | {found['bytes'] / entry['theirs_s'] / rate:.0%} "
@@ -243,12 +243,6 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(lines))
-
-
-def stored_dtype(fmt: str) -> torch.dtype:
-    """The dtype the kernels read for a format (what `tiles_for` keys the table by)."""
-    return {"none": torch.bfloat16, "fp8": torch.float8_e4m3fn, "wint8": torch.int8,
-            "wint4": torch.uint8}[fmt]  # fmt: skip
 
 
 def device_name(device: str) -> str:

@@ -34,14 +34,15 @@ from aioworker.config import ConfigError, WorkerConfig
 log = logging.getLogger(__name__)
 
 CPU_WEIGHT_ONLY = {"wint8": WINT8, "wint4": WINT4}
-# Measured on the H200, Llama-3.1-8B shape, against bf16 (docs/benchmarks.md, W4 and W8), by
-# whether the small-batch kernels (device.small_batch_kernels) multiply decode's few rows.
+# Measured on the H200, Llama-3.1-8B shape, against bf16 (docs/benchmarks.md, W4 and W8).
 SLOW_ON_GPU = {
-    ("wint8", False): "decodes about 5x slower than bf16 at batch 1 and 2x at 256",
-    ("wint8", True): "decodes faster than bf16 up to 8 rows (the small-batch kernels) and about "
-    "2x slower at 256",
-    ("wint4", False): "decodes faster than bf16 only at batch 1, and 3x slower at 256",
-    ("wint4", True): "decodes faster than bf16 only at batch 1, and 3x slower at 256",
+    "wint8": "decodes about 5x slower than bf16 at batch 1 and 2x at 256",
+    "wint4": "decodes faster than bf16 only at batch 1, and 3x slower at 256",
+}
+# Where the small-batch kernels (device.small_batch_kernels) change that.
+SLOW_ON_GPU_WITH_KERNELS = {
+    "wint8": "decodes faster than bf16 up to 8 rows (the small-batch kernels) and about 2x "
+    "slower at 256",
 }
 ON_LOAD = {"fp8": FP8, "wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}
 
@@ -95,7 +96,8 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
             "model.quantize_lm_head runs on the CPU only: on a GPU the formats hold no dense "
             "weight, and the LM head's may be the input embedding's; set it to false"
         )
-    slow = SLOW_ON_GPU.get((quantization, config.device.small_batch_kernels))
+    kernels = config.device.small_batch_kernels
+    slow = kernels and SLOW_ON_GPU_WITH_KERNELS.get(quantization) or SLOW_ON_GPU.get(quantization)
     if slow:
         log.warning(
             "model.quantization %r on a GPU saves weight memory but %s (docs/benchmarks.md, "

@@ -120,8 +120,7 @@ def _accumulate(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
 @triton.jit
 def _finish(acc, DOT: tl.constexpr):
     """The accumulator as [BLOCK_N, BLOCK_M] sums."""
-    sums = acc if DOT else tl.sum(acc, axis=1)[:, None]
-    return sums
+    return acc if DOT else tl.sum(acc, axis=1)[:, None]
 
 
 @triton.jit
@@ -137,8 +136,7 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
             up = up * up_scale[:, None]
     if HAS_BIAS:
         gate += tl.load(bias_ptr + channels, mask=in_range, other=0.0).to(tl.float32)[:, None]
-    y = gate * tl.sigmoid(gate) * up if GATED else gate
-    return y
+    return gate * tl.sigmoid(gate) * up if GATED else gate
 
 
 @triton.jit

@@ -71,7 +71,8 @@ def small_rows_product(
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
         INT4_LOW_FIRST=weight.dtype == torch.int32,
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
-        ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns, BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
