@@ -101,6 +101,10 @@ class DeviceOptions(_Section):
     # once by enough programs to fill the device; gate/up fused with SiLU) where the tuned table
     # measured them faster than the format's torch product (docs/benchmarks.md, W4).
     small_batch_kernels: bool = True
+    # CUDA, with small_batch_kernels: each layer's residual add and RMSNorm computed inside the
+    # qkv and gate/up products that read them (two launches fewer a layer). Off until the H200
+    # measures it (docs/benchmarks.md, W4).
+    fused_norm_products: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

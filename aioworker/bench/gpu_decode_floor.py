@@ -1,7 +1,9 @@
 """W4: decode at batch 1 (and 8) beside the weight-read floor, with the small-batch kernels
 (device.small_batch_kernels, compute/layers/gemv/) off and on in the same run, for each format
 (`aioworker bench --workload w4`). Off is the previous path (cuBLAS, or the format's torch
-kernels), so each row prints its baseline beside it.
+kernels), so each row prints its baseline beside it. With a candidate (`--w4-candidate KEY=VALUE`)
+the baseline is the defaults and the other side the defaults with the candidate's settings: how
+a feature not yet on by default is measured on and off.
 
 Each engine loads alone (the previous one freed): dummy weights at configs/models/ shapes,
 quantized while loading for a quantized format, CUDA graphs on (captured up to 16 rows: W4 runs
@@ -30,34 +32,39 @@ GOALS_MS = {
 BATCH_8_GOAL = 1.15
 
 
-def measure(model_dir: Path, fmt: str, kernels: bool) -> tuple[int, float, float]:
+def measure(model_dir: Path, fmt: str, settings: dict) -> tuple[int, float, float]:
     """(weight bytes read per step, batch-1 ms per token, batch-8 decode step ms)."""
     cfg = load_model_config(model_dir)
     engine = gpu.make_engine(
         model_dir,
         4096,
-        **{
-            "model.quantization": fmt,
-            "device.small_batch_kernels": kernels,
-            "device.max_capture_batch_size": 16,
-        },
+        **{"model.quantization": fmt, "device.max_capture_batch_size": 16, **settings},
     )
     read = weight_bytes(engine.executor.runner.model)
     batch_1 = gpu.w4_ms_per_token(engine, cfg.vocab_size)
     batch_8 = gpu.w5_static_batch(engine, 8, cfg.vocab_size).decode_step_ms
     gpu.free(engine)
-    print(f"W4 {model_dir.name} {fmt} kernels {'on' if kernels else 'off'}: done", flush=True)
+    print(f"W4 {model_dir.name} {fmt} {settings or 'defaults'}: done", flush=True)
     return read, batch_1, batch_8
 
 
-def run(limits: gpu.Limits, with_reference: bool, formats: tuple[str, ...]) -> tuple[str, str]:
-    """Rows for the (model, format) pairs of GOALS_MS whose format is in `formats`."""
+def run(
+    limits: gpu.Limits,
+    with_reference: bool,
+    formats: tuple[str, ...],
+    candidate: dict | None = None,
+) -> tuple[str, str]:
+    """Rows for the (model, format) pairs of GOALS_MS whose format is in `formats`: the kernels
+    off against on, or with `candidate`, the defaults against the defaults with its settings."""
+    base, other = ({"device.small_batch_kernels": False}, {"device.small_batch_kernels": True})
+    if candidate:
+        base, other = {}, candidate
     rows = []
     for (model_dir, fmt), goal in GOALS_MS.items():
         if fmt not in formats:
             continue
-        off = measure(model_dir, fmt, kernels=False)
-        on = measure(model_dir, fmt, kernels=True)
+        off = measure(model_dir, fmt, base)
+        on = measure(model_dir, fmt, other)
         floor_ms = on[0] / limits.copy_bytes_per_s * 1000
         reference = "-"
         if with_reference and fmt == "none":
@@ -72,23 +79,37 @@ def run(limits: gpu.Limits, with_reference: bool, formats: tuple[str, ...]) -> t
             f"{floor_ms:.3f}", f"{on[1] / floor_ms:.2f}x", f"<= {goal}",
             f"{off[2] / off[1]:.2f} / {on[2] / on[1]:.2f} (<= {BATCH_8_GOAL})", reference,
         ])  # fmt: skip
+    header, notes = _header_and_notes(limits, candidate)
+    return format_table(header, rows), notes
+
+
+def _header_and_notes(limits: gpu.Limits, candidate: dict | None) -> tuple[list[str], str]:
+    off_name, on_name = (
+        ("kernels off", "kernels on") if not candidate else ("defaults", "candidate")
+    )
     header = [
         "W4 batch-1 decode",
-        "kernels off ms/token",
-        "kernels on ms/token",
+        f"{off_name} ms/token",
+        f"{on_name} ms/token",
         "speed-up",
         "weight-read floor ms",
-        "on, of floor",
+        f"{on_name}, of floor",
         "goal ms",
-        "batch 8 step / batch 1, off / on",
+        f"batch 8 step / batch 1, {off_name} / {on_name}",
         "transformers ms/token",
     ]
-    notes = (
+    compared = (
         "Kernels off: torch's products (cuBLAS; fp8: a per-token quantization then "
         "torch._scaled_mm; wint8: dequantize then cuBLAS; wint4: torch's tinygemm), the "
-        "previous path; on: device.small_batch_kernels. Floor: the "
+        "previous path; on: device.small_batch_kernels."
+    )
+    if candidate:
+        named = ", ".join(f"{key}={value}" for key, value in candidate.items())
+        compared = f"Defaults: this commit's defaults; candidate: the defaults with {named}."
+    notes = (
+        f"{compared} Floor: the "
         "format's weight bytes read per step (linear layers and LM head) / the copy bandwidth "
         f"measured in this run ({limits.copy_bytes_per_s / 1e12:.2f} TB/s). Batch 8: W5's "
         "static batch of 8 x 1024-token prompts, the median decode step. One run each, off first."
     )
-    return format_table(header, rows), notes
+    return header, notes

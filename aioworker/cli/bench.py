@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from aioworker.cli.common import add_config_arguments, config_from_args, fail
+from aioworker.cli.common import add_config_arguments, config_from_args, fail, parse_settings
 from aioworker.config import ConfigError
 
 CPU_WORKLOADS = ("b1", "c16")
@@ -61,6 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU workload w4: the weight formats to measure, comma-separated (default: all four)",
     )
     parser.add_argument(
+        "--w4-candidate",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="GPU workload w4: measure the defaults against the defaults with this setting "
+        "(repeatable; e.g. device.fused_norm_products=true) instead of the small-batch kernels "
+        "off against on",
+    )
+    parser.add_argument(
         "--record",
         metavar="FILE",
         help="append the table, dated, to FILE (e.g. docs/benchmarks.md)",
@@ -76,7 +85,13 @@ def run(args: argparse.Namespace) -> int:
         unknown = sorted(set(formats) - set(W4_FORMATS))
         if unknown:
             return fail(f"--w4-formats names {', '.join(unknown)}; give {', '.join(W4_FORMATS)}")
-        return run_gpu(args.workload, not args.no_reference, args.record, args.w9_users, formats)
+        try:
+            candidate = parse_settings(args.w4_candidate, "--w4-candidate") or None
+        except ConfigError as exc:
+            return fail(str(exc))
+        return run_gpu(
+            args.workload, not args.no_reference, args.record, args.w9_users, formats, candidate
+        )
     if args.workload == ["control"]:
         return run_control_plane(args.record)
     if args.workload == ["api"]:
@@ -106,6 +121,7 @@ def run_gpu(
     record: str | None,
     w9_users: int = 128,
     w4_formats: tuple[str, ...] = W4_FORMATS,
+    w4_candidate: dict | None = None,
 ) -> int:
     from aioworker.bench import (
         gpu,
@@ -124,7 +140,7 @@ def run_gpu(
         flush=True,
     )
     runners = {
-        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats),
+        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats, w4_candidate),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
         "w1": lambda: gpu_run.run_w1(limits),
         "w6": lambda: gpu_run.run_w6(limits),

@@ -44,13 +44,20 @@ def config_from_args(
         "device.kind": args.device,
         "model.dtype": args.dtype,
     }
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r} needs the form KEY=VALUE")
-        overrides[key.strip()] = _parse_value(raw.strip())
+    overrides |= parse_settings(args.set, "--set")
     overrides |= {key: value for key, value in (options or {}).items() if value is not None}
     return load_config(args.config, overrides)
+
+
+def parse_settings(items: list[str], flag: str) -> dict[str, Any]:
+    """KEY=VALUE items (values as TOML reads them, else bare strings) as dotted keys."""
+    settings = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{flag} {item!r} needs the form KEY=VALUE")
+        settings[key.strip()] = _parse_value(raw.strip())
+    return settings
 
 
 def _parse_value(raw: str) -> Any:

@@ -10,7 +10,8 @@ from aioworker.cli.main import main
 def test_rows_for_the_formats_asked_with_the_speed_up_and_the_floor(monkeypatch) -> None:
     measured = []
 
-    def fake_measure(model_dir, fmt, kernels):
+    def fake_measure(model_dir, fmt, settings):
+        kernels = settings["device.small_batch_kernels"]
         measured.append((model_dir.name, fmt, kernels))
         # 2 GB read; batch 1: 4 ms off, 2 ms on; batch 8 step 4.4 ms off, 2.2 on.
         return 2_000_000_000, (2.0 if kernels else 4.0), (2.2 if kernels else 4.4)
@@ -34,3 +35,25 @@ def test_rows_for_the_formats_asked_with_the_speed_up_and_the_floor(monkeypatch)
 def test_an_unknown_format_is_refused_by_name(capsys) -> None:
     assert main(["bench", "--workload", "w4", "--w4-formats", "none,int3"]) == 2
     assert "int3" in capsys.readouterr().err
+
+
+def test_a_candidate_is_measured_against_the_defaults(monkeypatch) -> None:
+    measured = []
+
+    def fake_measure(model_dir, fmt, settings):
+        measured.append(settings)
+        return 2_000_000_000, (2.0 if settings else 4.0), (2.2 if settings else 4.4)
+
+    monkeypatch.setattr(gpu_decode_floor, "measure", fake_measure)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    candidate = {"device.fused_norm_products": True}
+    table, notes = gpu_decode_floor.run(limits, False, ("none",), candidate)
+    assert measured == [{}, candidate, {}, candidate]
+    assert "candidate ms/token" in table and "defaults ms/token" in table
+    assert "device.fused_norm_products=True" in notes
+
+
+def test_a_candidate_without_a_value_is_refused(capsys) -> None:
+    argv = ["bench", "--workload", "w4", "--w4-candidate", "device.fused_norm_products"]
+    assert main(argv) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err

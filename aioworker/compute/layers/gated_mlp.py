@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from aioworker.compute.layers.linear import RowParallelLinear, column_parallel
-from aioworker.compute.layers.linear_method import LinearMethod, gated_product
+from aioworker.compute.layers.linear_method import LinearMethod, gated_product, normed_product
+from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -34,3 +35,11 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]
         return self.down_proj(gated_product(self.gate_up_proj, x))
+
+    def forward_normed(
+        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward(norm(x + residual)), x + residual), the add and norm inside the gate/up
+        product where its method can."""
+        h, residual = normed_product(self.gate_up_proj, norm, x, residual, gated=True)
+        return self.down_proj(h), residual

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aioworker.compute.layers.ops import silu_and_mul
+from aioworker.compute.layers.norm import RMSNorm
+from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
 
 
 class LinearMethod(Protocol):
@@ -98,6 +99,25 @@ def gated_product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if fused is not None and layer.bias is None:
         return fused(layer, x)
     return silu_and_mul(layer(x))
+
+
+def normed_product(
+    layer: nn.Module,
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    gated: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the layer's product of norm(x + residual), x + residual); for `gated`, the product is
+    `gated_product`'s. The add and the norm run inside the product's kernel where the layer's
+    method can (`apply_normed`), else first, in a kernel of their own."""
+    fused = getattr(layer.linear_method, "apply_normed", None)
+    if fused is not None and not (gated and layer.bias is not None):
+        done = fused(layer, x, residual, norm, gated)
+        if done is not None:
+            return done
+    x, residual = add_rms_norm(norm, x, residual)
+    return (gated_product(layer, x) if gated else layer(x)), residual
 
 
 def methods_in(model: nn.Module):

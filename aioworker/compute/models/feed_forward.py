@@ -3,11 +3,14 @@ mixture-of-experts model's sparse layers, the routed experts (moe_block.py)."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers.gated_mlp import GatedMLP
 from aioworker.compute.layers.linear_method import LinearMethods
+from aioworker.compute.layers.norm import RMSNorm
+from aioworker.compute.layers.ops import add_rms_norm
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -19,3 +22,16 @@ def feed_forward(
 
         return SparseMoeBlock(cfg, tp, methods)
     return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, methods.projections)
+
+
+def normed_feed_forward(
+    block: nn.Module, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block(norm(x + residual)), x + residual): a block that can take the add and norm into
+    its first product does (`forward_normed`); the routed experts' router needs the normed row
+    itself."""
+    fused = getattr(block, "forward_normed", None)
+    if fused is not None:
+        return fused(norm, x, residual)
+    x, residual = add_rms_norm(norm, x, residual)
+    return block(x), residual

@@ -15,11 +15,11 @@ from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from aioworker.compute.layers.linear import QKVParallelLinear, RowParallelLinear
-from aioworker.compute.layers.linear_method import DENSE, LinearMethods
+from aioworker.compute.layers.linear_method import DENSE, LinearMethods, normed_product
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import add_rms_norm
 from aioworker.compute.layers.rotary import RotaryEmbedding, deinterleave_heads
-from aioworker.compute.models.feed_forward import feed_forward
+from aioworker.compute.models.feed_forward import feed_forward, normed_feed_forward
 from aioworker.compute.parallel import TensorParallel
 
 
@@ -48,12 +48,13 @@ class LlamaAttention(nn.Module):
         self.k_cache = self.v_cache = torch.empty(0)
 
     def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, attn: AttentionContext
+        self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
-        # x: [T, D]
-        num_tokens = x.shape[0]
+        """qkv: this layer's qkv_proj product [T, (Hq + 2 Hkv) D] (the decoder layer takes it
+        with its norm) -> [T, D]."""
+        num_tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -82,11 +83,11 @@ class LlamaDecoderLayer(nn.Module):
         attn: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns this layer's MLP output and the residual stream before it is added: the next
-        layer (or the final norm) adds them, fused with its norm."""
-        x, residual = add_rms_norm(self.input_layernorm, x, residual)
-        x = self.self_attn(rope, x, attn)
-        x, residual = add_rms_norm(self.post_attention_layernorm, x, residual)
-        return self.mlp(x), residual
+        layer (or the final norm) adds them, fused with its norm. Each add and norm runs inside
+        the product that reads it (qkv, gate/up) where that product's method can."""
+        qkv, residual = normed_product(self.self_attn.qkv_proj, self.input_layernorm, x, residual)
+        x = self.self_attn(rope, qkv, attn)
+        return normed_feed_forward(self.mlp, self.post_attention_layernorm, x, residual)
 
 
 class LlamaModel(nn.Module):

@@ -8,7 +8,8 @@ scale and offset factor out of its sum, w = (q - 8) s + o:
 
     sum_k w_k x_k = s * sum_k (q_k - 8) x_k + o * sum_k x_k
 
-so the tile is summed per group, and scaled once per group.
+so the tile is summed per group, and scaled once per group. x may be normed in the kernel
+(add_norm.py): each place's values add their squares.
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gemv.add_norm import normed_values
+
 
 @triton.jit
 def int4_row_step(
-    acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+    acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
+    norm_weight_ptr, residual_out_ptr, write_sum, w_rows, in_range, k0, stride_w,
     stride_group_row, stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """acc [BLOCK_N, BLOCK_K / INT4_GROUP] (float32) plus row 0 of x times W's rows `w_rows`
-    over columns k0 .. k0 + BLOCK_K, summed per group of columns."""
+    """(acc [BLOCK_N, BLOCK_K / INT4_GROUP] (float32) plus row 0 of x times W's rows `w_rows`
+    over columns k0 .. k0 + BLOCK_K, summed per group of columns; squares_sum [1] plus, NORMED,
+    the squares of x's columns there)."""
     GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
     UNITS: tl.constexpr = INT4_GROUP // INT4_PER_UNIT  # stored units a group spans
     groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
@@ -40,10 +46,12 @@ def int4_row_step(
         shift = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
         q = ((packed >> shift) & 0xF).to(tl.float32) - 8.0
         ks = units * INT4_PER_UNIT + place
-        if EVEN_K:
-            x = tl.load(x_ptr + ks).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + ks, mask=ks < depth, other=0.0).to(tl.float32)
+        k_mask = ks < depth
+        x, squares = normed_values(x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, ks, ks,
+                                   k_mask, k_mask, write_sum, NORMED, HAS_RESIDUAL)  # fmt: skip
+        if NORMED:
+            squares_sum += tl.sum(tl.sum(squares, axis=1), axis=0)
+        x = x.to(tl.float32)
         sums += tl.sum(q * x[None, :, :], axis=2)
         x_sums += tl.sum(x, axis=1)
     # A last split's tile may lie past K: no scale is read there (a stray inf would poison it).
@@ -51,4 +59,4 @@ def int4_row_step(
     at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
     s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
     o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-    return acc + sums * s + o * x_sums[None, :]
+    return acc + sums * s + o * x_sums[None, :], squares_sum

@@ -17,8 +17,11 @@ time to read W once, so the kernel is built around streaming W.
 - A bias (a plain product's, per channel) is added after the scale.
 - GATED computes silu(x gate^T) * (x up^T) for a gate/up weight stacked as [2I, K]: each program
   reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
-- Split K leaves float32 partial sums; `_reduce_kernel` adds them, then scales, gates and
-  rounds. With one split the product kernel does that itself.
+- NORMED computes the product of rms_norm(x + residual) instead of x (add_norm.py): a decoder
+  layer's residual add and RMSNorm inside its qkv and gate/up products.
+- Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); `_reduce_kernel`
+  adds them, then normalizes, scales, gates and rounds. With one split the product kernel does
+  that itself.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gemv.add_norm import inverse_rms, normed_values
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 
 
@@ -142,11 +146,12 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
 @triton.jit
 def _small_rows_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
     num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group_row,
-    stride_group, stride_split, stride_out,
+    stride_group, stride_split, stride_out, eps,
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
-    INT4_LOW_FIRST: tl.constexpr,
+    INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -155,7 +160,9 @@ def _small_rows_kernel(
     SPLIT: out_ptr is the float32 partials [splits, rows, channels (x2 when GATED)]; otherwise
     the output [rows, channels]. ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an
     accumulator column per row (DOT), per column of the tile (FMA), or per group of K
-    (ROW_GROUPS)."""
+    (ROW_GROUPS). NORMED (add_norm.py): x is the row before the residual add and the norm;
+    residual and residual_out laid out as x; with SPLIT, squares_ptr takes each slice's sums of
+    squares [splits, rows]."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -163,29 +170,28 @@ def _small_rows_kernel(
     compute_dtype = x_ptr.dtype.element_ty
     gate_acc = tl.zeros((BLOCK_N, ACC_COLUMNS), dtype=tl.float32)
     up_acc = tl.zeros((BLOCK_N, ACC_COLUMNS), dtype=tl.float32)
+    squares_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    write_sum = tile == 0  # h written once, by the first tile's programs
     # FMA tiles widen straight to float32 (e4m3 and int8: one conversion, not two).
     tile_dtype = compute_dtype if DOT else tl.float32
     first = split * k_per_split
     for start in range(0, k_per_split, BLOCK_K):
         if ROW_GROUPS:
-            gate_acc = int4_row_step(
-                gate_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range,
-                first + start, stride_w, stride_group_row, stride_group, depth, EVEN_K,
-                INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_K,
+            gate_acc, up_acc, squares_sum = _int4_row_steps(
+                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
+                num_channels, first + start, stride_w,
+                stride_group_row, stride_group, depth, GATED, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+                INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
             )  # fmt: skip
-            if GATED:
-                up_acc = int4_row_step(
-                    up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-                    channels + num_channels, in_range, first + start, stride_w,
-                    stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-                    INT4_LOW_FIRST, BLOCK_K,
-                )  # fmt: skip
         else:
-            gate_acc, up_acc = _stored_step(
-                gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,
-                in_range, rows, num_rows, num_channels, first + start, stride_x, stride_w,
-                stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE, EVEN_K,
-                INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+            gate_acc, up_acc, squares_sum = _stored_step(
+                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
+                rows, num_rows, num_channels, first + start, stride_x,
+                stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
+                EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
+                BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
@@ -195,7 +201,13 @@ def _small_rows_kernel(
         tl.store(base, gate, mask=out_mask)
         if GATED:
             tl.store(base + num_channels, up, mask=out_mask)
+        if NORMED:  # the first tile's: every tile's slice sums the same squares
+            tl.store(squares_ptr + split * num_rows + rows, squares_sum,
+                     mask=tl.where(tile == 0, rows < num_rows, False))  # fmt: skip
     else:
+        if NORMED:
+            inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
+            gate, up = gate * inv_rms, up * inv_rms
         y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS,
                       GATED)  # fmt: skip
         out = out_ptr + rows[None, :] * stride_out + channels[:, None]
@@ -204,18 +216,27 @@ def _small_rows_kernel(
 
 @triton.jit
 def _stored_step(
-    gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, rows,
-    num_rows, num_channels, k0, stride_x, stride_w, stride_group_row, stride_group, depth,
-    tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+    gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows, num_rows, num_channels, k0, stride_x, stride_w, stride_group_row,
+    stride_group, depth, tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
-    INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """One step of K: x's rows, W's tile (and the up rows' when GATED) widened, accumulated."""
+    """One step of K: x's rows (normed: add_norm.py), W's tile (and the up rows' when GATED)
+    widened, accumulated."""
     ks = k0 + tl.arange(0, BLOCK_K)
     x_mask = rows[:, None] < num_rows
+    k_mask = ks[None, :] < depth
     if not EVEN_K:
-        x_mask = x_mask & (ks[None, :] < depth)
-    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
+        x_mask = x_mask & k_mask
+    x, squares = normed_values(
+        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr,
+        rows[:, None] * stride_x + ks[None, :], ks[None, :], x_mask, k_mask, write_sum, NORMED,
+        HAS_RESIDUAL,
+    )  # fmt: skip
+    if NORMED:
+        squares_sum += tl.sum(squares, axis=1)
     w = _weight_tile(
         w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
         stride_group_row, stride_group, depth, tile_dtype, EVEN_K, INT4_GROUP,
@@ -229,27 +250,60 @@ def _stored_step(
             EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
-    return gate_acc, up_acc
+    return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _int4_row_steps(
+    gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, num_channels, k0, stride_w, stride_group_row, stride_group, depth,
+    GATED: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One step of K of one row times int4 values (int4_row.py): the gate rows', and the up
+    rows' when GATED (the up rows' step reads x again, from cache; its squares are the gate
+    step's, not added twice)."""
+    gate_acc, squares_sum = int4_row_step(
+        gate_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
+        norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, k0, stride_w, stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP,
+        INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
+    )  # fmt: skip
+    if GATED:
+        up_acc, _ = int4_row_step(
+            up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
+            norm_weight_ptr, residual_out_ptr, write_sum, channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
+            depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
+            BLOCK_K,
+        )  # fmt: skip
+    return gate_acc, up_acc, squares_sum
 
 
 @triton.jit
 def _reduce_kernel(
-    partial_ptr, scale_ptr, bias_ptr, out_ptr, num_splits, num_channels, stride_split,
-    stride_out, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-    BLOCK: tl.constexpr,
+    partial_ptr, scale_ptr, bias_ptr, out_ptr, squares_ptr, num_splits, num_rows, num_channels,
+    depth, stride_split, stride_out, eps, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One program per (row, block of channels): the partials' sum, then the epilogue."""
+    """One program per (row, block of channels): the partials' sum, then the epilogue (NORMED:
+    first 1 / rms from the slices' sums of squares)."""
     row = tl.program_id(0)
     channels = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = channels < num_channels
     width = num_channels * 2 if GATED else num_channels
     gate = tl.zeros((BLOCK,), dtype=tl.float32)
     up = tl.zeros((BLOCK,), dtype=tl.float32)
+    squares_sum = tl.zeros((1,), dtype=tl.float32)
     for split in range(num_splits):
         base = partial_ptr + split * stride_split + row * width + channels
         gate += tl.load(base, mask=mask, other=0.0)
         if GATED:
             up += tl.load(base + num_channels, mask=mask, other=0.0)
+        if NORMED:
+            squares_sum += tl.load(squares_ptr + split * num_rows + row + tl.arange(0, 1))
+    if NORMED:
+        inv_rms = inverse_rms(squares_sum, depth, eps)
+        gate, up = gate * inv_rms, up * inv_rms
     y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels, SCALED,
                   HAS_BIAS, GATED)  # fmt: skip
     tl.store(out_ptr + row * stride_out + channels[:, None], y.to(out_ptr.dtype.element_ty),

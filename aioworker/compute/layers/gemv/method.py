@@ -5,7 +5,9 @@ It holds and loads weights exactly as the wrapped method does, so checkpoints, w
 release and resume, and tensor-parallel shards are unchanged: only `apply` differs. A format
 says where its kernel operands are (`OPERANDS`); formats without an entry are not wrapped.
 
-`apply_gated` is the MLP's gate/up product with silu(gate) * up fused into it.
+`apply_gated` is the MLP's gate/up product with silu(gate) * up fused into it; `apply_normed`
+takes a product's input before the layer's residual add and RMSNorm and does them in its kernel
+(with `fuse_norm`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import torch
 from torch import nn
 
 from aioworker.compute.layers.cpu_packing import CpuPacked
+from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import tiles_for
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS
 from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
+from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import silu_and_mul
 from aioworker.compute.layers.quantized.checkpoint_int4 import Int4Checkpoint
 from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
@@ -72,8 +76,9 @@ def kernel_devices() -> tuple[str, ...]:
 
 
 class SmallRows:
-    def __init__(self, inner: LinearMethod) -> None:
+    def __init__(self, inner: LinearMethod, fuse_norm: bool = False) -> None:
         self.inner = inner
+        self.fuse_norm = fuse_norm
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -98,9 +103,14 @@ class SmallRows:
         return 1 <= rows <= MAX_ROWS and on_device
 
     def _product(
-        self, layer: nn.Module, x: torch.Tensor, gated: bool, bias: torch.Tensor | None
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        gated: bool,
+        bias: torch.Tensor | None,
+        add_norm: AddNorm | None = None,
     ) -> torch.Tensor | None:
-        """The kernels' product, or None where they do not take it."""
+        """The kernels' product ([rows, N]), or None where they do not take it."""
         if not self._takes(x):
             return None
         operands = self.operands(layer)
@@ -110,24 +120,49 @@ class SmallRows:
             return None
         from aioworker.compute.layers.gemv.product import small_rows_product
 
-        y = small_rows_product(rows.contiguous(), operands.weight, tiles, operands.scale, gated,
-                               bias, operands.int4_groups)  # fmt: skip
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        return small_rows_product(rows.contiguous(), operands.weight, tiles, operands.scale,
+                                  gated, bias, operands.int4_groups, add_norm)  # fmt: skip
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         y = self._product(layer, x, False, bias)
-        return self.inner.apply(layer, x, bias) if y is None else y
+        return self.inner.apply(layer, x, bias) if y is None else y.reshape(*x.shape[:-1], -1)
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """silu(x gate^T) * (x up^T) for a layer holding [gate; up] and no bias."""
         y = self._product(layer, x, True, None)
-        return silu_and_mul(self.inner.apply(layer, x, None)) if y is None else y
+        if y is None:
+            return silu_and_mul(self.inner.apply(layer, x, None))
+        return y.reshape(*x.shape[:-1], -1)
+
+    def apply_normed(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
+        gated: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(the product of norm(x + residual), gated where asked, x + residual) in one kernel,
+        x and residual [T, K]; None where the kernels do not take it (the caller adds and
+        norms first)."""
+        if not self.fuse_norm or x.dtype not in NORMED_DTYPES or x.dim() != 2:
+            return None
+        x = x.contiguous()
+        residual = residual.contiguous() if residual is not None else None
+        residual_out = torch.empty_like(x) if residual is not None else None
+        add_norm = AddNorm(residual, norm.weight, norm.eps, residual_out)
+        y = self._product(layer, x, gated, None if gated else layer.bias, add_norm)
+        if y is None:
+            return None
+        return y, (x if residual_out is None else residual_out)
 
 
-def small_rows(method: LinearMethod) -> LinearMethod:
-    """`method` wrapped where its format has small-rows kernels, else `method` itself."""
+def small_rows(method: LinearMethod, fuse_norm: bool = False) -> LinearMethod:
+    """`method` wrapped where its format has small-rows kernels, else `method` itself.
+    `fuse_norm`: its products may take the residual add and RMSNorm before them
+    (`apply_normed`)."""
     if type(method) not in OPERANDS:
         return method
-    return SmallRows(method)
+    return SmallRows(method, fuse_norm)

@@ -1,11 +1,13 @@
 """Launching the small-rows product kernels (kernels.py) with a tile configuration: one call,
-y = x W^T for 1 to MAX_ROWS rows, optionally scaled per channel and gated (silu(gate) * up)."""
+y = x W^T for 1 to MAX_ROWS rows, optionally scaled per channel and gated (silu(gate) * up), and
+optionally of x's residual add and RMSNorm (AddNorm) rather than x."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
+from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
@@ -27,12 +29,14 @@ def small_rows_product(
     gated: bool = False,
     bias: torch.Tensor | None = None,
     int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+    add_norm: AddNorm | None = None,
 ) -> torch.Tensor:
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
     (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
     w = (q - 8) s + o. Returns [M, N] in x's dtype, or with `gated`
-    (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]."""
+    (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
+    before a residual add and RMSNorm, done in the kernel."""
     num_rows, depth = x.shape
     stored_depth = depth // INT4_VALUES.get(weight.dtype, 1) if int4_groups else depth
     if not 1 <= num_rows <= MAX_ROWS or weight.shape[1] != stored_depth or x.stride(1) != 1:
@@ -41,6 +45,8 @@ def small_rows_product(
         raise ValueError("the FMA tiles multiply one row only")
     if gated and bias is not None:
         raise ValueError("a gated product takes no bias")
+    if add_norm is not None:
+        _check_add_norm(x, add_norm)
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
     per_split, splits = _k_per_split(depth, tiles)
@@ -63,13 +69,22 @@ def small_rows_product(
     row_groups = not tiles.dot and group > 0
     acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k
     placeholder = scale if scale is not None else weight
+    normed = add_norm is not None
+    residual = add_norm.residual if normed and add_norm.residual is not None else x
+    residual_out = add_norm.residual_out if normed and add_norm.residual_out is not None else x
+    norm_weight, eps = (add_norm.weight, add_norm.eps) if normed else (x, 0.0)
+    squares = partial
+    if normed and splits > 1:
+        squares = torch.empty(splits, num_rows, dtype=torch.float32, device=x.device)
     _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
-        partial, num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
-        group_scale.stride(0), group_scale.stride(1), partial.stride(0), out.stride(0),
+        partial, residual, norm_weight, residual_out, squares,
+        num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
+        group_scale.stride(0), group_scale.stride(1), partial.stride(0), out.stride(0), eps,
         SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
-        INT4_LOW_FIRST=weight.dtype == torch.int32,
+        INT4_LOW_FIRST=weight.dtype == torch.int32, NORMED=normed,
+        HAS_RESIDUAL=normed and add_norm.residual is not None,
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
@@ -77,8 +92,22 @@ def small_rows_product(
     )  # fmt: skip
     if splits > 1:
         _reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
-            partial, placeholder, bias if bias is not None else weight, out, splits, channels,
-            partial.stride(0), out.stride(0),
-            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, BLOCK=REDUCE_BLOCK,
+            partial, placeholder, bias if bias is not None else weight, out, squares, splits,
+            num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
+            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
+            BLOCK=REDUCE_BLOCK,
         )  # fmt: skip
     return out
+
+
+def _check_add_norm(x: torch.Tensor, add_norm: AddNorm) -> None:
+    if x.dtype not in NORMED_DTYPES:
+        raise ValueError(f"the norm is fused for bf16 and float32 rows, not {x.dtype}")
+    if add_norm.weight.shape != (x.shape[1],) or add_norm.weight.stride(0) != 1:
+        raise ValueError(f"the norm's weight must be contiguous [{x.shape[1]}]")
+    for name in ("residual", "residual_out"):
+        t = getattr(add_norm, name)
+        if t is not None and (t.shape != x.shape or t.stride() != x.stride()):
+            raise ValueError(f"{name} must be laid out as x: {tuple(x.shape)}, {x.stride()}")
+    if (add_norm.residual is None) != (add_norm.residual_out is None):
+        raise ValueError("a residual and residual_out go together")

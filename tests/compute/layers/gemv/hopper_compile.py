@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
+VARIANTS = ((True, True, False, "add+norm"), (False, False, True, ""), (False, False, True, "norm"))
 WEIGHTS = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "int8": "*i8", "int4": "*u8", "int4-words": "*i32"}
 PRODUCT_ARGS = [
     "x_ptr",
@@ -30,6 +31,10 @@ PRODUCT_ARGS = [
     "group_scale_ptr",
     "group_offset_ptr",
     "out_ptr",
+    "residual_ptr",
+    "norm_weight_ptr",
+    "residual_out_ptr",
+    "squares_ptr",
     "num_rows",
     "num_channels",
     "depth",
@@ -40,22 +45,26 @@ PRODUCT_ARGS = [
     "stride_group",
     "stride_split",
     "stride_out",
+    "eps",
 ]
 
 
-def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool):
+def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool, norm: str):
+    """norm: "" (none), "norm" (the norm fused, no residual), "add+norm" (both)."""
     int4 = fmt.startswith("int4")
     block_m, block_k = (16, 64) if dot else (1, 128)
     constants = {
         "SCALED": fmt in ("e4m3", "int8"), "HAS_BIAS": not gated, "GATED": gated, "DOT": dot,
         "IEEE": False, "INT4_GROUP": 32 if int4 else 0,
         "INT4_PER_UNIT": {"int4": 2, "int4-words": 8}.get(fmt, 1),
-        "INT4_LOW_FIRST": fmt == "int4-words", "SPLIT": split, "EVEN_K": even_k,
+        "INT4_LOW_FIRST": fmt == "int4-words", "NORMED": bool(norm),
+        "HAS_RESIDUAL": norm == "add+norm", "SPLIT": split, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k,
     }  # fmt: skip
-    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "out_ptr": "*fp32" if split else "*bf16"}
+    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "out_ptr": "*fp32" if split else "*bf16",
+                "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
     signature = {
         name: pointers.get(name, "*bf16" if name.endswith("_ptr") else "i32")
         for name in PRODUCT_ARGS
@@ -65,20 +74,24 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool)
 
 
 def reduce_variant(gated: bool):
-    constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "BLOCK": 256}
+    constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "NORMED": gated,
+                 "BLOCK": 256}  # fmt: skip
     signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
-                 "out_ptr": "*bf16", "num_splits": "i32", "num_channels": "i32",
-                 "stride_split": "i32", "stride_out": "i32"}  # fmt: skip
+                 "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
+                 "num_rows": "i32", "num_channels": "i32", "depth": "i32", "stride_split": "i32",
+                 "stride_out": "i32", "eps": "fp32"}  # fmt: skip
     return ASTSource(_reduce_kernel, signature | dict.fromkeys(constants, "constexpr"), constants)
 
 
 def main() -> None:
     options = {"num_warps": 4, "num_stages": 3}
     for fmt, dot in itertools.product(WEIGHTS, (True, False)):
-        # Gated with split K and uneven K; plain with neither: every branch once per format.
-        for gated, split, even_k in ((True, True, False), (False, False, True)):
-            triton.compile(product_variant(fmt, gated, dot, split, even_k), HOPPER, options)
-            print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k}")
+        # Gated with split K, uneven K and the add and norm; plain with neither, with and
+        # without the norm: every branch once per format.
+        for gated, split, even_k, norm in VARIANTS:
+            variant = product_variant(fmt, gated, dot, split, even_k, norm)
+            triton.compile(variant, HOPPER, options)
+            print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k} {norm}")
     for gated in (False, True):
         triton.compile(reduce_variant(gated), HOPPER, options)
         print(f"compiled reduce gated={gated}")

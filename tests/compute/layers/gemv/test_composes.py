@@ -1,7 +1,8 @@
 """The small-rows kernels compose with what decodes through them: n seeded samples, logprobs,
 prefix caching, recompute preemption and n-gram speculation (whose verify steps multiply k + 1
 rows a sequence through the kernels) give the tokens and logprobs of the same engine without
-the kernels (tiny Llama, float32, CPU under Triton's interpreter)."""
+the kernels (tiny Llama, float32, CPU under Triton's interpreter). The kernels run with the
+residual add and norm fused in (device.fused_norm_products), the superset of their paths."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def workload() -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 def served(model_dir, kernels: bool) -> tuple[list, tuple[int, int]]:
-    engine = make_engine(model_dir, **SETTINGS, **{"device.small_batch_kernels": kernels})
+    switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": kernels}
+    engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         prompts, params = workload()
         outputs = [

@@ -1,5 +1,6 @@
 """The small-rows kernels on the GPU at the shapes of configs/models/ and their TP=2 shards, in
-bf16, e4m3, int8 and int4 (bytes and int32 words), with the tiles production picks; a CUDA graph of them equals eager."""
+bf16, e4m3, int8 and int4 (bytes and int32 words), with the tiles production picks, and with the
+residual add and RMSNorm fused in; a CUDA graph of them equals eager."""
 
 from __future__ import annotations
 
@@ -91,16 +92,52 @@ def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
     assert not failures
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3", "int4"])
+def test_the_add_and_norm_fused_in_equal_the_unfused_kernels(fmt: str) -> None:
+    """Every product that reads a norm (qkv and gate/up: K is the hidden size): its output
+    within bf16's rounding of the add-and-norm kernel then the product, its sum exact."""
+    from aioworker.compute.layers.fused import add_rms_norm
+    from aioworker.compute.layers.gemv.add_norm_input import AddNorm
+    from aioworker.compute.layers.gemv.choice import rule_tiles, tiles_for
+    from aioworker.compute.layers.gemv.product import small_rows_product
+
+    hidden_sizes = {channels for channels, _, gated in projection_shapes() if not gated}
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if depth not in hidden_sizes or fmt == "int4" and depth % 32:
+            continue
+        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+        weight, scale, groups, _ = stored(dense, fmt)
+        norm_weight = torch.rand(depth, device="cuda", dtype=torch.bfloat16) + 0.5
+        for rows in (1, 3, 8):
+            x = 4 * torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            residual = 4 * torch.randn_like(x)
+            tiles = tiles_for(rows, weight, gated) or rule_tiles(channels, depth, gated, 132)
+            normed, summed = add_rms_norm(x, residual, norm_weight, 1e-6)
+            want = small_rows_product(normed, weight, tiles, scale, gated, int4_groups=groups)
+            add_norm = AddNorm(residual, norm_weight, 1e-6, torch.empty_like(x))
+            got = small_rows_product(x, weight, tiles, scale, gated, None, groups, add_norm)
+            error = ((got.float() - want.float()).norm() / want.float().norm()).item()
+            if error > 1e-2 or not torch.equal(add_norm.residual_out, summed):
+                failures.append((channels, depth, gated, rows, error))
+    assert not failures
+
+
 def test_a_graph_of_the_products_equals_eager() -> None:
+    from aioworker.compute.layers.gemv.add_norm_input import AddNorm
     from aioworker.compute.layers.gemv.product import small_rows_product
     from aioworker.compute.layers.gemv.tiles import Tiles
 
     weight = torch.randn(2 * 1536, 4096, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    residual, norm_weight = torch.randn_like(x), torch.rand(4096, device="cuda").bfloat16()
     cuts = [Tiles(splits=1), Tiles(splits=4), Tiles(block_n=32, splits=8)]
 
     def run():
-        return [small_rows_product(x, weight, t, gated=g) for t in cuts for g in (False, True)]
+        plain = [small_rows_product(x, weight, t, gated=g) for t in cuts for g in (False, True)]
+        add_norm = AddNorm(residual, norm_weight, 1e-6, torch.empty_like(x))
+        normed = [small_rows_product(x, weight, t, add_norm=add_norm) for t in cuts]
+        return plain + normed + [add_norm.residual_out]
 
     eager = run()
     graph = torch.cuda.CUDAGraph()
@@ -142,13 +179,13 @@ def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(tmp_path
     build_tiny_model("llama", tmp_path, logit_scale=4.0)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = []
-    for kernels in (False, True):
-        engine = tiny_engine(tmp_path, "none", kernels)
+    for kernels, fuse_norm in ((False, False), (True, False), (True, True)):
+        engine = tiny_engine(tmp_path, "none", kernels, **{"device.fused_norm_products": fuse_norm})
         try:
             outputs.append([c.token_ids for c in engine.generate(prompts(), params)])
         finally:
             engine.close()
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 def dequantized_values(layer) -> torch.Tensor:

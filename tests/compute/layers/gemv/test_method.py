@@ -1,6 +1,7 @@
 """The small-rows method inside a whole model: decode's products of 1 to 8 rows go through the
-kernels (gate/up with SiLU fused), prefill through the wrapped method, and greedy tokens equal
-the model without them (CPU, float32, Triton's interpreter; on the GPU with -m gpu too)."""
+kernels (gate/up with SiLU fused, and with device.fused_norm_products the residual add and
+RMSNorm before qkv and gate/up), prefill through the wrapped method, and greedy tokens equal the
+model without them (CPU, float32, Triton's interpreter; on the GPU with -m gpu too)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from tests.tiny_models import build_tiny_model  # noqa: E402
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
-def greedy(model_dir, prompts, kernels: bool):
-    engine = make_engine(model_dir, **SETTINGS, **{"device.small_batch_kernels": kernels})
+def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False):
+    switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": fuse_norm}
+    engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
         assert all(isinstance(m, SmallRows) for m in wrapped) == kernels
@@ -44,16 +46,28 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     calls = []
     real = product.small_rows_product
 
-    def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None):
-        calls.append((x.shape[0], gated, bias is not None))
-        return real(x, weight, tiles, scale, gated, bias, int4_groups)
+    def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
+                add_norm=None):  # fmt: skip
+        normed = "none" if add_norm is None else "add" if add_norm.residual is not None else "norm"
+        calls.append((x.shape[0], gated, bias is not None, normed))
+        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm)
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     assert greedy(tmp_path, prompts, kernels=True) == want
     # The three decode together, never a prefill; on CUDA padded to a captured graph's size.
-    assert 3 <= max(rows for rows, _, _ in calls) <= MAX_ROWS
-    assert any(gated for _, gated, _ in calls)
-    assert any(bias for _, _, bias in calls) == (arch == "qwen2")
+    assert 3 <= max(rows for rows, _, _, _ in calls) <= MAX_ROWS
+    assert any(gated for _, gated, _, _ in calls)
+    assert any(bias for _, _, bias, _ in calls) == (arch == "qwen2")
+    assert {normed for *_, normed in calls} == {"none"}
+    calls.clear()
+    assert greedy(tmp_path, prompts, kernels=True, fuse_norm=True) == want
+    # The first layer norms its input (no residual yet); every other add and norm is fused in.
+    assert {(gated, normed) for _, gated, _, normed in calls} == {
+        (False, "norm"),
+        (False, "add"),
+        (True, "add"),
+        (False, "none"),
+    }
 
 
 def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from aioworker.compute.layers.gemv.product import small_rows_product  # noqa: E402
+from aioworker.compute.layers.gemv.product import AddNorm, small_rows_product  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,3 +156,78 @@ def test_int4_words_with_strided_groups_as_a_checkpoint_stores_them(tiles: Tiles
     )  # fmt: skip
     want = reference(x, dequantize_int4_values(values, scales, offsets))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+NORMED_TILES = [*DOT_TILES, *FMA_TILES]
+
+
+def _reference_add_norm(x, residual, norm_weight, eps=1e-5):
+    h = x if residual is None else x + residual
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_weight
+    return normed, h
+
+
+@pytest.mark.parametrize("tiles", NORMED_TILES)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_norm_in_the_product_equals_add_norm_then_product(
+    tiles: Tiles, gated: bool, with_residual: bool
+) -> None:
+    """The residual add and RMSNorm inside the product (split K too: DOT_TILES[1] splits 3 and
+    FMA_TILES[1] 2): its product and its x + residual equal the unfused path's."""
+    g = torch.Generator().manual_seed(7)
+    rows = 6 if tiles.dot else 1
+    x = 3 * torch.randn(rows, 100, generator=g)
+    residual = torch.randn(rows, 100, generator=g) if with_residual else None
+    norm_weight = torch.rand(100, generator=g) + 0.5
+    weight = torch.randn(2 * 19 if gated else 37, 100, generator=g)
+    scale = torch.rand(weight.shape[0], generator=g) + 0.5
+    residual_out = torch.empty_like(x) if with_residual else None
+    add_norm = AddNorm(
+        residual if residual is None else residual.to(DEVICE), norm_weight.to(DEVICE), 1e-5,
+        residual_out if residual_out is None else residual_out.to(DEVICE),
+    )  # fmt: skip
+    got = small_rows_product(
+        x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE), gated, add_norm=add_norm
+    )
+    normed, h = _reference_add_norm(x, residual, norm_weight)
+    want = reference(normed, weight, scale, gated=gated)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+    if with_residual:
+        torch.testing.assert_close(add_norm.residual_out.cpu(), h, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tiles", [INT4_TILES[2], INT4_TILES[1]])
+def test_add_norm_with_int4_weights(tiles: Tiles) -> None:
+    """int4's one-row tiles read x per 4-bit place (int4_row.py): each place's squares add up."""
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_rows,
+        quantize_int4_rows,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    rows = 1 if not tiles.dot else 4
+    x, residual = torch.randn(rows, 224, generator=g), torch.randn(rows, 224, generator=g)
+    norm_weight = torch.rand(224, generator=g) + 0.5
+    packed, scales, offsets = quantize_int4_rows(torch.randn(2 * 27, 224, generator=g))
+    add_norm = AddNorm(residual.to(DEVICE), norm_weight.to(DEVICE), 1e-6,
+                       torch.empty_like(x).to(DEVICE))  # fmt: skip
+    got = small_rows_product(
+        x.to(DEVICE), packed.to(DEVICE), tiles, gated=True,
+        int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)), add_norm=add_norm,
+    )  # fmt: skip
+    normed, h = _reference_add_norm(x, residual, norm_weight, 1e-6)
+    want = reference(normed, dequantize_int4_rows(packed, scales, offsets), gated=True)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(add_norm.residual_out.cpu(), h, rtol=0, atol=0)
+
+
+def test_add_norm_refuses_what_it_cannot_fuse() -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="not torch.float16"):
+        small_rows_product(x.half(), torch.randn(4, 16).half(), Tiles(),
+                           add_norm=AddNorm(None, torch.ones(16).half(), 1e-6))  # fmt: skip
+    with pytest.raises(ValueError, match="residual must be laid out as x"):
+        small_rows_product(x, torch.randn(4, 16), Tiles(),
+                           add_norm=AddNorm(torch.randn(1, 16), torch.ones(16), 1e-6,
+                                            torch.empty(2, 16)))  # fmt: skip
