@@ -105,6 +105,10 @@ class DeviceOptions(_Section):
     # qkv and gate/up products that read them (two launches fewer a layer). Off until the H200
     # measures it (docs/benchmarks.md, W4).
     fused_norm_products: bool = False
+    # CUDA, Hopper and later: launch our decode kernels with programmatic dependent launch, so
+    # each may start while the one before it finishes (compute/layers/pdl.py). Off until the
+    # H200 measures it (docs/benchmarks.md, W4).
+    pdl: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -6,6 +6,9 @@
 #   tools/gpu_issue22.sh all      tune (a shorter sweep), then bench with the table it wrote
 #   tools/gpu_issue22.sh final    W4 for every format, the composed GPU tests, the shape tests
 #   tools/gpu_issue22.sh check    the GPU tests of compute/ and the profile of an 8B step
+#   tools/gpu_issue22.sh candidates  the kernels' GPU tests, then W4 (bf16, fp8) with each feature
+#                                 still off by default against the defaults: the add and norm
+#                                 fused in, programmatic dependent launch, and both
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
 set -uo pipefail
@@ -13,9 +16,12 @@ export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 TABLE="${TABLE:-/tmp/tuned_tiles.json}"
 [ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
-w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT)
-  timeout "$2" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
-    --workload w4 --w4-formats "$1" --no-reference --record docs/benchmarks.md > "$out/w4_$3.log" 2>&1
+w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT); further
+        # arguments go to the bench (--w4-candidate KEY=VALUE)
+  local formats="$1" limit="$2" name="$3"; shift 3
+  timeout "$limit" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    --workload w4 --w4-formats "$formats" --no-reference --record docs/benchmarks.md "$@" \
+    > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
 tune() {  # $1: the sweep's budget in seconds
@@ -65,6 +71,15 @@ case "${1:-}" in
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_tests.log" | tail -12
     echo "== profile"; head -24 "$out/profile.log"
     ;;
-  *) echo "usage: $0 tune|bench|check" >&2; exit 2 ;;
+  candidates)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
+      tests/compute/layers/test_pdl.py > "$out/gemv_tests.log" 2>&1
+    w4 none,fp8 140 norm --w4-candidate device.fused_norm_products=true
+    w4 none,fp8 140 pdl --w4-candidate device.pdl=true
+    w4 none,fp8 140 both --w4-candidate device.fused_norm_products=true --w4-candidate device.pdl=true
+    echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
+    for name in norm pdl both; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
+    ;;
+  *) echo "usage: $0 tune|bench|all|final|check|candidates" >&2; exit 2 ;;
 esac
 exit 0

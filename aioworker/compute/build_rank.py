@@ -30,6 +30,7 @@ from aioworker.compute.kv_cache import (
     token_major_shape,
 )
 from aioworker.compute.kv_profile import profile_num_blocks
+from aioworker.compute.layers import pdl
 from aioworker.compute.layers.attention import TorchAttentionBackend, cpu_decode
 from aioworker.compute.layers.attention.cpu_decode import PagedDecode
 from aioworker.compute.layers.moe.load_meter import expert_load_meter
@@ -194,6 +195,7 @@ def _build_runner(
     Returns the runner, its weights, the number of KV cache blocks, what the weights amount
     to, and the host KV tier's size."""
     config, device = build.config, build.device
+    pdl.enable(config.device.pdl and device.type == "cuda" and _hopper_or_later(device))
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
@@ -216,6 +218,11 @@ def _build_runner(
         summary.bytes_held / 2**20, summary.bytes_read / 2**20,
     )  # fmt: skip
     return runner, weights, num_blocks, summary, host_tier
+
+
+def _hopper_or_later(device: torch.device) -> bool:
+    """Programmatic dependent launch (layers/pdl.py) needs compute capability 9.0."""
+    return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _build_cpu_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWeights, int]:

@@ -12,13 +12,17 @@ import torch
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gdc import wait_for_previous_kernel
+from aioworker.compute.layers.pdl import launch_options
+
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
@@ -42,16 +46,21 @@ def add_rms_norm(
     out = torch.empty_like(x)
     residual_out = torch.empty_like(x) if residual is not None else x
     r = residual if residual is not None else x
+    options = launch_options()
     _add_rms_norm_kernel[(num_rows,)](
         x, r, weight, out, residual_out,
         x.stride(0), r.stride(0), out.stride(0), residual_out.stride(0), num_cols, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(num_cols),
+        PDL=bool(options), **options,
     )  # fmt: skip
     return out, residual_out
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, width, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_o, width, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -70,9 +79,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     width = double_width // 2
     out = torch.empty(num_rows, width, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
+    options = launch_options()
     _silu_and_mul_kernel[(num_rows, triton.cdiv(width, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), width, BLOCK=block
-    )
+        gate_up, out, gate_up.stride(0), out.stride(0), width, BLOCK=block, PDL=bool(options),
+        **options,
+    )  # fmt: skip
     return out
 
 
@@ -109,8 +120,9 @@ def _norm_rope_head(
 def _norm_rope_kernel(
     x_ptr, cos_ptr, sin_ptr, weight_ptr,
     stride_token, stride_head, stride_cos, eps,
-    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0)
     base = x_ptr + token * stride_token + tl.program_id(1) * stride_head
     out = _norm_rope_head(
@@ -125,10 +137,11 @@ def norm_rope_(
     """In place on x: [T, H, D] (a strided view is fine): optional per-head RMSNorm, then rotary
     with cos, sin: [T, D] float32."""
     num_tokens, num_heads, head_dim = x.shape
+    options = launch_options()
     _norm_rope_kernel[(num_tokens, num_heads)](
         x, cos, sin, weight if weight is not None else cos,
         x.stride(0), x.stride(1), cos.stride(0), eps,
-        HEAD_DIM=head_dim, HAS_NORM=weight is not None,
+        HEAD_DIM=head_dim, HAS_NORM=weight is not None, PDL=bool(options), **options,
     )  # fmt: skip
     return x
 
@@ -138,10 +151,11 @@ def _qkv_rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_q, stride_k, stride_v, stride_cos, stride_slot, eps, num_q_heads,
-    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Programs (token, h): h < num_q_heads rotates a query head in place; the others rotate a
     key head in place and write it, with its value head, into the token's cache slot."""
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs = tl.arange(0, HEAD_DIM)
@@ -173,9 +187,10 @@ def qkv_rope_cache_(
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     has_norm = q_weight is not None
+    options = launch_options()
     _qkv_rope_cache_kernel[(num_tokens, num_q_heads + num_kv_heads)](
         q, k, v, cos, sin, q_weight if has_norm else cos, k_weight if has_norm else cos,
         k_cache, v_cache, slot_mapping,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0), num_kv_heads * head_dim, eps, num_q_heads,
-        HEAD_DIM=head_dim, HAS_NORM=has_norm,
+        HEAD_DIM=head_dim, HAS_NORM=has_norm, PDL=bool(options), **options,
     )  # fmt: skip

@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gdc import wait_for_previous_kernel
+from aioworker.compute.layers.pdl import launch_options
+
 
 @triton.jit
 def _decode_partial(
@@ -52,7 +55,9 @@ def _decode_partial(
     TILE_N: tl.constexpr,
     DIRECT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -142,7 +147,9 @@ def _merge_splits(
     num_splits,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -225,6 +232,7 @@ def paged_decode(
             partial, lse = workspace[0][:num_rows], workspace[1][:num_rows]
         p_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
         l_strides = (lse.stride(0), lse.stride(1))
+    options = launch_options()
     _decode_partial[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
@@ -243,6 +251,7 @@ def paged_decode(
         DIRECT=direct,
         # float32 caches (tests, CPU-exact runs) keep full precision; tf32 would cost 1e-3.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PDL=bool(options), **options,
     )  # fmt: skip
     if not direct:
         _merge_splits[(num_rows, num_heads)](
@@ -253,5 +262,6 @@ def paged_decode(
             num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=head_dim,
+            PDL=bool(options), **options,
         )  # fmt: skip
     return out

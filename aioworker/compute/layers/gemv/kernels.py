@@ -29,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.gemv.add_norm import inverse_rms, normed_values
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 
@@ -154,7 +155,7 @@ def _small_rows_kernel(
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows).
     SPLIT: out_ptr is the float32 partials [splits, rows, channels (x2 when GATED)]; otherwise
@@ -163,6 +164,7 @@ def _small_rows_kernel(
     (ROW_GROUPS). NORMED (add_norm.py): x is the row before the residual add and the norm;
     residual and residual_out laid out as x; with SPLIT, squares_ptr takes each slice's sums of
     squares [splits, rows]."""
+    wait_for_previous_kernel(PDL)
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -283,10 +285,11 @@ def _int4_row_steps(
 def _reduce_kernel(
     partial_ptr, scale_ptr, bias_ptr, out_ptr, squares_ptr, num_splits, num_rows, num_channels,
     depth, stride_split, stride_out, eps, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr,
+    GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, block of channels): the partials' sum, then the epilogue (NORMED:
     first 1 / rms from the slices' sums of squares)."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     channels = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = channels < num_channels

@@ -11,6 +11,7 @@ from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
+from aioworker.compute.layers.pdl import launch_options
 
 REDUCE_BLOCK = 256
 
@@ -76,6 +77,7 @@ def small_rows_product(
     squares = partial
     if normed and splits > 1:
         squares = torch.empty(splits, num_rows, dtype=torch.float32, device=x.device)
+    options = launch_options()
     _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
         partial, residual, norm_weight, residual_out, squares,
@@ -88,14 +90,14 @@ def small_rows_product(
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options), **options,
     )  # fmt: skip
     if splits > 1:
         _reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
             partial, placeholder, bias if bias is not None else weight, out, squares, splits,
             num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
             SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
-            BLOCK=REDUCE_BLOCK,
+            BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
         )  # fmt: skip
     return out
 

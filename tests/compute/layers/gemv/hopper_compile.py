@@ -61,7 +61,7 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
         "HAS_RESIDUAL": norm == "add+norm", "SPLIT": split, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
-        "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k,
+        "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
     }  # fmt: skip
     pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "out_ptr": "*fp32" if split else "*bf16",
                 "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -75,7 +75,7 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
 
 def reduce_variant(gated: bool):
     constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "NORMED": gated,
-                 "BLOCK": 256}  # fmt: skip
+                 "BLOCK": 256, "PDL": gated}  # fmt: skip
     signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
                  "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
                  "num_rows": "i32", "num_channels": "i32", "depth": "i32", "stride_split": "i32",
@@ -86,11 +86,13 @@ def reduce_variant(gated: bool):
 def main() -> None:
     options = {"num_warps": 4, "num_stages": 3}
     for fmt, dot in itertools.product(WEIGHTS, (True, False)):
-        # Gated with split K, uneven K and the add and norm; plain with neither, with and
-        # without the norm: every branch once per format.
+        # Gated with split K, uneven K, the add and norm and PDL (pdl.py); plain with none of
+        # them, with and without the norm: every branch once per format.
         for gated, split, even_k, norm in VARIANTS:
             variant = product_variant(fmt, gated, dot, split, even_k, norm)
-            triton.compile(variant, HOPPER, options)
+            ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
+            waits = "griddepcontrol.wait" in ptx
+            assert waits == split, "a PDL launch must wait on the kernel before it first"
             print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k} {norm}")
     for gated in (False, True):
         triton.compile(reduce_variant(gated), HOPPER, options)

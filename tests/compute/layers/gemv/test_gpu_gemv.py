@@ -179,13 +179,15 @@ def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(tmp_path
     build_tiny_model("llama", tmp_path, logit_scale=4.0)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = []
-    for kernels, fuse_norm in ((False, False), (True, False), (True, True)):
-        engine = tiny_engine(tmp_path, "none", kernels, **{"device.fused_norm_products": fuse_norm})
+    # Off; on; with the add and norm fused in; and with programmatic dependent launch too.
+    for kernels, fuse_norm, pdl in ((0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 1, 1)):
+        switches = {"device.fused_norm_products": bool(fuse_norm), "device.pdl": bool(pdl)}
+        engine = tiny_engine(tmp_path, "none", bool(kernels), **switches)
         try:
             outputs.append([c.token_ids for c in engine.generate(prompts(), params)])
         finally:
             engine.close()
-    assert outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
 
 
 def dequantized_values(layer) -> torch.Tensor:

@@ -1,0 +1,35 @@
+"""Programmatic dependent launch (compute/layers/pdl.py): switched by device.pdl for Hopper and
+later only, and every kernel launched so waits on the one before it (compiled for sm_90 on the
+CPU: the GPU runs are in docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aioworker.compute.layers import pdl
+
+
+def test_the_launch_keywords_follow_the_switch() -> None:
+    try:
+        pdl.enable(True)
+        assert pdl.launch_options() == {"launch_pdl": True}
+    finally:
+        pdl.enable(False)
+    assert pdl.launch_options() == {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_every_kernel_launched_so_waits_first() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("pdl_compile.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(" waits") == 6, done.stdout
