@@ -70,8 +70,11 @@ SMOKE_SHAPES = {
 }
 
 
-def candidates(channels: int, depth: int, gated: bool, dot: bool, sms: int) -> list[Tiles]:
-    """Tilings that give the device between half a program and 16 programs per SM."""
+def candidates(
+    channels: int, depth: int, gated: bool, dot: bool, sms: int, a8: bool = False
+) -> list[Tiles]:
+    """Tilings that give the device between half a program and 16 programs per SM; with `a8`
+    (e4m3 weights), each dot tiling also with its rows quantized to e4m3 (kernels.py)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -82,6 +85,8 @@ def candidates(channels: int, depth: int, gated: bool, dot: bool, sms: int) -> l
         if depth // splits < block_k or not sms // 2 <= programs <= 16 * sms:
             continue
         found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4))
+        if dot and a8:
+            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, a8=True))
     return found
 
 
@@ -156,7 +161,7 @@ def sweep_one(channels, depth, gated, fmt, device, deadline) -> dict:
         their_s = graph_time_s(lambda i, x=x: theirs(method, layers[i], x, gated), copies)
         if rows == 1:
             tried = [
-                *candidates(channels, depth, gated, True, sms),
+                *candidates(channels, depth, gated, True, sms, a8=fmt == "fp8"),
                 *candidates(channels, depth, gated, False, sms),
             ]
         else:
@@ -230,7 +235,8 @@ def main() -> None:
                 line = (
                     f"| {model} {proj} | {fmt} | {rows} | {found['bytes'] / entry['theirs_s'] / rate:.0%} "
                     f"| {found['bytes'] / t / rate:.0%} | {entry['theirs_s'] * 1e6:.1f} | {t * 1e6:.1f} "
-                    f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'} |"
+                    f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
+                    f"{' a8' if tiles.a8 else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

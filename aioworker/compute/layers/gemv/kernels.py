@@ -14,6 +14,11 @@ time to read W once, so the kernel is built around streaming W.
   registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
   checkpoint), and a per-output-channel scale multiplies the sum, since it factors out of the
   sum over K.
+- A8 (e4m3 weights, DOT tiles): each step's slice of every row of x is quantized to e4m3 with
+  a scale of its own (its largest magnitude to e4m3's 448), and the e4m3 weights multiply it on
+  fp8 tensor cores as stored: no weight element is widened, which is what bounds e4m3 with
+  bf16 rows (conversions issue at a quarter of the rate of other arithmetic). The fp8 format's
+  own GEMM quantizes its rows too, per token; a scale per slice of K is finer.
 - A bias (a plain product's, per channel) is added after the scale.
 - GATED computes silu(x gate^T) * (x up^T) for a gate/up weight stacked as [2I, K]: each program
   reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
@@ -109,10 +114,21 @@ def _int4_tile(
 
 
 @triton.jit
-def _accumulate(acc, x, w, DOT: tl.constexpr, IEEE: tl.constexpr):
-    """DOT: acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x^T; FMA: acc [BLOCK_N, BLOCK_K] +=
-    w * x[0] (x has one row)."""
-    if DOT:
+def _e4m3_rows(x):
+    """x [rows, BLOCK_K] as e4m3, each row scaled so that its largest magnitude is e4m3's
+    largest (448), and the scales [rows] that undo it (all-zero rows: zeros)."""
+    x32 = x.to(tl.float32)
+    largest = tl.maximum(tl.max(tl.abs(x32), axis=1), 1e-30)
+    return (x32 * (448.0 / largest)[:, None]).to(tl.float8e4nv), largest / 448.0
+
+
+@triton.jit
+def _accumulate(acc, x, x_scale, w, DOT: tl.constexpr, IEEE: tl.constexpr, A8: tl.constexpr):
+    """DOT: acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x^T (A8: x e4m3, times its row
+    scales x_scale); FMA: acc [BLOCK_N, BLOCK_K] += w * x[0] (x has one row)."""
+    if A8:
+        acc += tl.dot(w, tl.trans(x)) * x_scale[None, :]
+    elif DOT:
         if IEEE:
             acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
         else:
@@ -153,7 +169,7 @@ def _small_rows_kernel(
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
+    A8: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
@@ -176,6 +192,8 @@ def _small_rows_kernel(
     write_sum = tile == 0  # h written once, by the first tile's programs
     # FMA tiles widen straight to float32 (e4m3 and int8: one conversion, not two).
     tile_dtype = compute_dtype if DOT else tl.float32
+    if A8:  # e4m3 tiles as stored
+        tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
     for start in range(0, k_per_split, BLOCK_K):
         if ROW_GROUPS:
@@ -192,7 +210,7 @@ def _small_rows_kernel(
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
                 rows, num_rows, num_channels, first + start, stride_x,
                 stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
-                EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
+                A8, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
@@ -221,7 +239,7 @@ def _stored_step(
     gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
     residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows, num_rows, num_channels, k0, stride_x, stride_w, stride_group_row,
     stride_group, depth, tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
+    A8: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -239,19 +257,22 @@ def _stored_step(
     )  # fmt: skip
     if NORMED:
         squares_sum += tl.sum(squares, axis=1)
+    x_scale = squares_sum  # unused unless A8
+    if A8:
+        x, x_scale = _e4m3_rows(x)
     w = _weight_tile(
         w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
         stride_group_row, stride_group, depth, tile_dtype, EVEN_K, INT4_GROUP,
         INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    gate_acc = _accumulate(gate_acc, x, w, DOT, IEEE)
+    gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, A8)
     if GATED:
         w_up = _weight_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
             k0, stride_w, stride_group_row, stride_group, depth, tile_dtype,
             EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        up_acc = _accumulate(up_acc, x, w_up, DOT, IEEE)
+        up_acc = _accumulate(up_acc, x, x_scale, w_up, DOT, IEEE, A8)
     return gate_acc, up_acc, squares_sum
 
 

@@ -11,7 +11,9 @@ MAX_ROWS = 8
 @dataclass(frozen=True)
 class Tiles:
     """`dot`: tensor cores, or elementwise FMA (one row only); then output channels per
-    program, K per loop step, K slices, and Triton's warps and pipeline stages."""
+    program, K per loop step, K slices, and Triton's warps and pipeline stages. `a8` (e4m3
+    weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
+    cores (kernels.py)."""
 
     dot: bool = True
     block_n: int = 64
@@ -19,3 +21,4 @@ class Tiles:
     splits: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    a8: bool = False

@@ -231,3 +231,37 @@ def test_add_norm_refuses_what_it_cannot_fuse() -> None:
         small_rows_product(x, torch.randn(4, 16), Tiles(),
                            add_norm=AddNorm(torch.randn(1, 16), torch.ones(16), 1e-6,
                                             torch.empty(2, 16)))  # fmt: skip
+
+
+def _rows_exact_in_e4m3(rows: int, depth: int, block_k: int, g) -> torch.Tensor:
+    """Rows whose every slice of block_k columns holds e4m3 values times a power of two, with
+    448 (e4m3's largest) times it among them: the a8 tiles' per-slice quantization is then
+    exact, so the product must equal x's. (Triton's interpreter rounds some float32 to e4m3
+    conversions to half their value; the GPU test holds a8 to a rounding reference.)"""
+    x = torch.randn(rows, depth, generator=g).mul(60).to(E4M3).float().clamp(-448, 448)
+    for start in range(0, depth, block_k):
+        x[:, start] = 448.0
+        powers = torch.randint(-6, 3, (rows, 1), generator=g).float()
+        x[:, start : start + block_k] *= torch.exp2(powers)
+    return x
+
+
+@pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, a8=True),
+                                   Tiles(block_n=32, block_k=64, splits=3, a8=True)])  # fmt: skip
+@pytest.mark.parametrize("gated", [False, True])
+def test_a8_tiles_quantize_each_slice_of_the_rows_with_its_own_scale(
+    tiles: Tiles, gated: bool
+) -> None:
+    from aioworker.compute.layers.quantized.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(11)
+    x = _rows_exact_in_e4m3(5, 200, tiles.block_k, g)
+    weight, scale = quantize_rows(torch.randn(2 * 24, 200, generator=g) / 3000)  # silu in range
+    got = small_rows_product(x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE), gated)
+    want = reference(x, weight, scale, gated=gated)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_a8_tiles_take_e4m3_weights_on_tensor_cores_only() -> None:
+    with pytest.raises(ValueError, match="a8 tiles multiply e4m3"):
+        small_rows_product(torch.randn(2, 32), torch.randn(4, 32), Tiles(a8=True))
