@@ -11,10 +11,16 @@ L2, back to back, as a decode step's layers do; time per product = graph time / 
 Rows: one row sweeps every candidate; 8 rows times the best dot tilings of one row and the rule.
 
     python tools/gemv_tune.py --json $OUT/gemv_tune.json [--budget-s 360] [--write-table]
+                              [--refine]
 
 --write-table writes the winners to compute/layers/gemv/tuned_tiles.json, the table the method
 reads: per shape, format, gating and row class, the best tiles, or null where the format's own
-product was faster.
+product was faster. Keys the sweep did not reach keep the entry they had.
+
+--refine tries, per key, only the table's tiles and their neighbours (splits and channels per
+program halved and doubled, K per step halved and doubled, each option of the format toggled),
+and the rule's: a fraction of the full sweep's candidates, for a short GPU session after a
+kernel change.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from aioworker.compute.layers.gemv.choice import (  # noqa: E402
     format_of,
     rule_tiles,
     table_key,
+    tuned_table,
 )
 from aioworker.compute.layers.gemv.method import OPERANDS  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
@@ -71,10 +78,11 @@ SMOKE_SHAPES = {
 
 
 def candidates(
-    channels: int, depth: int, gated: bool, dot: bool, sms: int, a8: bool = False
+    channels: int, depth: int, gated: bool, dot: bool, sms: int, fmt: str = "none"
 ) -> list[Tiles]:
-    """Tilings that give the device between half a program and 16 programs per SM; with `a8`
-    (e4m3 weights), each dot tiling also with its rows quantized to e4m3 (kernels.py)."""
+    """Tilings that give the device between half a program and 16 programs per SM; for fp8,
+    each dot tiling also with its rows quantized to e4m3 (a8), and for a quantized format each
+    FMA tiling also widening by bit operations (bits)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -85,9 +93,44 @@ def candidates(
         if depth // splits < block_k or not sms // 2 <= programs <= 16 * sms:
             continue
         found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4))
-        if dot and a8:
+        if dot and fmt == "fp8":
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, a8=True))
+        if not dot and fmt != "none":
+            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, bits=True))
     return found
+
+
+def neighbours(base: Tiles, fmt: str) -> list[Tiles]:
+    """`base` and the tilings one step from it, and with each option the format has toggled
+    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles)."""
+    r = dataclasses.replace
+    found = [
+        base,
+        r(base, splits=base.splits * 2),
+        r(base, splits=max(1, base.splits // 2)),
+        r(base, block_n=base.block_n * 2),
+        r(base, block_n=max(8, base.block_n // 2)),
+        r(base, block_k=base.block_k * 2),
+        r(base, block_k=max(16, base.block_k // 2)),
+    ]
+    if base.dot and fmt == "fp8":
+        found.append(r(base, a8=not base.a8))
+    if not base.dot and fmt != "none":
+        found.append(r(base, bits=not base.bits))
+    return found
+
+
+def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: int) -> list[Tiles]:
+    """--refine's candidates for one key: the table's tiles (the rule's where it names none or
+    gives the shape to torch) and their neighbours, the rule's, and for one row an FMA tiling."""
+    weight_format = {"none": "dense", "fp8": "e4m3", "wint8": "int8", "wint4": "int4"}[fmt]
+    key = table_key(rows, channels, depth, weight_format, gated)
+    rule = rule_tiles(channels, depth, gated, sms)
+    found = neighbours(tuned_table().get(key) or rule, fmt) + [rule]
+    if rows == 1:
+        found += neighbours(dataclasses.replace(rule, dot=False, block_n=16, block_k=512), fmt)
+    fits = [t for t in found if depth // t.splits >= t.block_k and (t.dot or rows == 1)]
+    return list(dict.fromkeys(fits))
 
 
 def graph_time_s(fn, copies: int) -> float:
@@ -145,7 +188,7 @@ def error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def sweep_one(channels, depth, gated, fmt, device, deadline) -> dict:
+def sweep_one(channels, depth, gated, fmt, device, deadline, refine=False) -> dict:
     """{rows: {"theirs_s", "timed": [(seconds, tiles), ...] fastest first}} and the bytes read."""
     method = METHODS[fmt]
     first = build_layer(method, channels, depth, device)
@@ -159,10 +202,12 @@ def sweep_one(channels, depth, gated, fmt, device, deadline) -> dict:
         x = torch.randn(rows, depth, device=device)
         want = theirs(method, first, x, gated)
         their_s = graph_time_s(lambda i, x=x: theirs(method, layers[i], x, gated), copies)
-        if rows == 1:
+        if refine:
+            tried = refined(channels, depth, gated, fmt, rows, sms)
+        elif rows == 1:
             tried = [
-                *candidates(channels, depth, gated, True, sms, a8=fmt == "fp8"),
-                *candidates(channels, depth, gated, False, sms),
+                *candidates(channels, depth, gated, True, sms, fmt),
+                *candidates(channels, depth, gated, False, sms, fmt),
             ]
         else:
             best_dot = [t for _, t in found[1]["timed"] if t.dot][:3]
@@ -174,6 +219,8 @@ def sweep_one(channels, depth, gated, fmt, device, deadline) -> dict:
             try:
                 err = error(ours(method, first, x, gated, tiles), want)
             except OutOfResources:  # its pipeline stages need more shared memory than an SM has
+                continue
+            except ValueError:  # a tiling the product refuses (int4's groups do not nest)
                 continue
             # Only gross errors: the sides round differently, and fp8's own product quantizes
             # the rows too (3.5% off at these sizes); a wrong kernel is off by ~100%.
@@ -205,6 +252,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=360)
     parser.add_argument("--write-table", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="two tiny shapes on the CPU")
+    parser.add_argument(
+        "--refine", action="store_true", help="only the table's tiles and their neighbours"
+    )
     args = parser.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
@@ -215,12 +265,14 @@ def main() -> None:
     deadline = time.monotonic() + args.budget_s
     rate = copy_bytes_per_s(device)
     print(f"copy bandwidth (read + write): {rate / 1e12:.2f} TB/s", flush=True)
-    results, table, lines = [], {"device": device_name(device), "tiles": {}}, []
+    # Keys this run does not reach keep their entries.
+    previous = json.loads(TABLE_PATH.read_text())["tiles"] if TABLE_PATH.exists() else {}
+    results, table, lines = [], {"device": device_name(device), "tiles": previous}, []
     for (model, proj), (channels, depth, gated, formats) in (
         SMOKE_SHAPES if args.smoke else SHAPES
     ).items():
         for fmt in formats:
-            found = sweep_one(channels, depth, gated, fmt, device, deadline)
+            found = sweep_one(channels, depth, gated, fmt, device, deadline, args.refine)
             for rows in (1, 8):
                 entry = found[rows]
                 row = {"shape": f"{model} {proj}", "format": fmt, "rows": rows,
@@ -236,7 +288,7 @@ def main() -> None:
                     f"| {model} {proj} | {fmt} | {rows} | {found['bytes'] / entry['theirs_s'] / rate:.0%} "
                     f"| {found['bytes'] / t / rate:.0%} | {entry['theirs_s'] * 1e6:.1f} | {t * 1e6:.1f} "
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
-                    f"{' a8' if tiles.a8 else ''} |"
+                    f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

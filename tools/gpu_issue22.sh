@@ -6,9 +6,11 @@
 #   tools/gpu_issue22.sh all      tune (a shorter sweep), then bench with the table it wrote
 #   tools/gpu_issue22.sh final    W4 for every format, the composed GPU tests, the shape tests
 #   tools/gpu_issue22.sh check    the GPU tests of compute/ and the profile of an 8B step
-#   tools/gpu_issue22.sh candidates  the kernels' GPU tests, then W4 (bf16, fp8) with each feature
-#                                 still off by default against the defaults: the add and norm
-#                                 fused in, programmatic dependent launch, and both
+#   tools/gpu_issue22.sh refine   the kernels' GPU tests, then a sweep of the table's tiles and
+#                                 their neighbours only (a8, bits), writing the table
+#   tools/gpu_issue22.sh candidates  W4 (bf16, fp8) with each feature still off by default
+#                                 against the defaults (the add and norm fused in, programmatic
+#                                 dependent launch, both), and the composed GPU tests
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
 set -uo pipefail
@@ -24,11 +26,17 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
     > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
-tune() {  # $1: the sweep's budget in seconds
+tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
+  local budget="$1"; shift
   timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
-    > "$out/gemv_tests.log" 2>&1
-  timeout $(( $1 + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s "$1" \
-    --write-table > "$out/gemv_tune.log" 2>&1
+    tests/compute/layers/test_pdl.py > "$out/gemv_tests.log" 2>&1
+  timeout $(( budget + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+    --budget-s "$budget" --write-table "$@" > "$out/gemv_tune.log" 2>&1
+}
+composed() {  # the GPU tests of features composed with the kernels
+  timeout "$1" python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu -k "not zmq and not release and not ipc and not profiled and not xformers" \
+    tests/compute/test_gpu.py tests/compute/step tests/compute/test_gpu_guided.py \
+    > "$out/gpu_tests.log" 2>&1
 }
 case "${1:-}" in
   all)
@@ -42,9 +50,7 @@ case "${1:-}" in
     ;;
   final)  # W4 for every format, the GPU tests of composed features, the kernels' shape tests
     w4 none,fp8,wint8,wint4 90 a
-    timeout 70 python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu -k "not zmq and not release and not ipc and not profiled and not xformers" \
-      tests/compute/test_gpu.py tests/compute/step tests/compute/test_gpu_guided.py \
-      > "$out/gpu_tests.log" 2>&1
+    composed 70
     timeout 30 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
       tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
     echo "== gpu tests"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|^E  " "$out/gpu_tests.log" | tail -24
@@ -71,15 +77,21 @@ case "${1:-}" in
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_tests.log" | tail -12
     echo "== profile"; head -24 "$out/profile.log"
     ;;
+  refine)
+    tune 300 --refine
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+    echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
+    echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; tail -30 "$out/gemv_tune.log"
+    ;;
   candidates)
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
-      tests/compute/layers/test_pdl.py > "$out/gemv_tests.log" 2>&1
     w4 none,fp8 140 norm --w4-candidate device.fused_norm_products=true
     w4 none,fp8 140 pdl --w4-candidate device.pdl=true
     w4 none,fp8 140 both --w4-candidate device.fused_norm_products=true --w4-candidate device.pdl=true
-    echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
+    composed 90
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -12
     for name in norm pdl both; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
     ;;
-  *) echo "usage: $0 tune|bench|all|final|check|candidates" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates" >&2; exit 2 ;;
 esac
 exit 0

@@ -18,19 +18,22 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gemv.add_norm import normed_values
+from aioworker.compute.layers.gemv.widening import signed_nibble
 
 
 @triton.jit
 def int4_row_step(
     acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
     norm_weight_ptr, residual_out_ptr, write_sum, w_rows, in_range, k0, stride_w,
-    stride_group_row, stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
+    stride_group_row, stride_group, depth, BITS: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
+    NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """(acc [BLOCK_N, BLOCK_K / INT4_GROUP] (float32) plus row 0 of x times W's rows `w_rows`
     over columns k0 .. k0 + BLOCK_K, summed per group of columns; squares_sum [1] plus, NORMED,
-    the squares of x's columns there)."""
+    the squares of x's columns there). BITS: the 4-bit values widened by bit operations
+    (widening.py)."""
     GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
     UNITS: tl.constexpr = INT4_GROUP // INT4_PER_UNIT  # stored units a group spans
     groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
@@ -44,7 +47,8 @@ def int4_row_step(
     x_sums = tl.zeros((GROUPS,), dtype=tl.float32)
     for place in tl.static_range(INT4_PER_UNIT):
         shift = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
-        q = ((packed >> shift) & 0xF).to(tl.float32) - 8.0
+        nibbles = (packed >> shift) & 0xF
+        q = signed_nibble(nibbles.to(tl.int32)) if BITS else nibbles.to(tl.float32) - 8.0
         ks = units * INT4_PER_UNIT + place
         k_mask = ks < depth
         x, squares = normed_values(x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, ks, ks,

@@ -37,16 +37,18 @@ import triton.language as tl
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.gemv.add_norm import inverse_rms, normed_values
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
+from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble
 
 
 @triton.jit
 def _weight_tile(
     w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
-    stride_group, depth, compute_dtype, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    stride_group, depth, compute_dtype, BITS: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype: a stored dtype
+    """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype (BITS: float32
+    by bit operations, widening.py, not conversion instructions): a stored dtype
     as it is (bf16, e4m3, int8), or with INT4_GROUP, 4-bit values packed INT4_PER_UNIT to a
     stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
     int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
@@ -58,10 +60,10 @@ def _weight_tile(
     else:
         w = _int4_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
-            stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+            stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
             INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-    return w.to(compute_dtype)
+    return exact_float32(w) if BITS else w.to(compute_dtype)
 
 
 @triton.jit
@@ -78,7 +80,7 @@ def _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.conste
 @triton.jit
 def _int4_tile(
     w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
-    stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    stride_group, depth, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -91,7 +93,8 @@ def _int4_tile(
     place = tl.arange(0, INT4_PER_UNIT)
     shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
     q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-    q = tl.reshape(q.to(tl.float32), (BLOCK_N, BLOCK_K))
+    signed = signed_nibble(q.to(tl.int32)) if BITS else q.to(tl.float32) - 8.0  # q - 8
+    q = tl.reshape(signed, (BLOCK_N, BLOCK_K))
     # Columns past K are zeros of x and their weights zeros too: no scale is read past K (a
     # stray inf or NaN there would poison the sum).
     if BLOCK_K <= INT4_GROUP:
@@ -100,7 +103,7 @@ def _int4_tile(
         group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        w = (q - 8.0) * s[:, None] + o[:, None]
+        w = q * s[:, None] + o[:, None]
     else:
         GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
         groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
@@ -109,7 +112,7 @@ def _int4_tile(
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
         q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
-        w = tl.reshape((q3 - 8.0) * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
+        w = tl.reshape(q3 * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
     return w
 
 
@@ -169,7 +172,8 @@ def _small_rows_kernel(
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    A8: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
+    A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
@@ -201,8 +205,8 @@ def _small_rows_kernel(
                 gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
                 num_channels, first + start, stride_w,
-                stride_group_row, stride_group, depth, GATED, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-                INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
+                stride_group_row, stride_group, depth, GATED, BITS, EVEN_K, INT4_GROUP,
+                INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
             )  # fmt: skip
         else:
             gate_acc, up_acc, squares_sum = _stored_step(
@@ -210,7 +214,7 @@ def _small_rows_kernel(
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
                 rows, num_rows, num_channels, first + start, stride_x,
                 stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
-                A8, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
+                A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
                 BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
@@ -239,7 +243,7 @@ def _stored_step(
     gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
     residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows, num_rows, num_channels, k0, stride_x, stride_w, stride_group_row,
     stride_group, depth, tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    A8: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
+    A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -262,14 +266,14 @@ def _stored_step(
         x, x_scale = _e4m3_rows(x)
     w = _weight_tile(
         w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
-        stride_group_row, stride_group, depth, tile_dtype, EVEN_K, INT4_GROUP,
+        stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
         INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, A8)
     if GATED:
         w_up = _weight_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
-            k0, stride_w, stride_group_row, stride_group, depth, tile_dtype,
+            k0, stride_w, stride_group_row, stride_group, depth, tile_dtype, BITS,
             EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         up_acc = _accumulate(up_acc, x, x_scale, w_up, DOT, IEEE, A8)
@@ -279,8 +283,9 @@ def _stored_step(
 @triton.jit
 def _int4_row_steps(
     gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, num_channels, k0, stride_w, stride_group_row, stride_group, depth,
-    GATED: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
+    num_channels, k0, stride_w, stride_group_row, stride_group, depth, GATED: tl.constexpr,
+    BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -289,15 +294,16 @@ def _int4_row_steps(
     step's, not added twice)."""
     gate_acc, squares_sum = int4_row_step(
         gate_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
-        norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, k0, stride_w, stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP,
-        INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
+        norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, k0, stride_w,
+        stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+        INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
     )  # fmt: skip
     if GATED:
         up_acc, _ = int4_row_step(
             up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, residual_ptr,
-            norm_weight_ptr, residual_out_ptr, write_sum, channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
-            depth, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
-            BLOCK_K,
+            norm_weight_ptr, residual_out_ptr, write_sum, channels + num_channels, in_range, k0,
+            stride_w, stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP,
+            INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
         )  # fmt: skip
     return gate_acc, up_acc, squares_sum
 

@@ -46,6 +46,8 @@ def small_rows_product(
         raise ValueError("the FMA tiles multiply one row only")
     if tiles.a8 and (weight.dtype != torch.float8_e4m3fn or not tiles.dot):
         raise ValueError(f"a8 tiles multiply e4m3 weights on tensor cores, not {weight.dtype}")
+    if tiles.bits and tiles.dot:
+        raise ValueError("bits tiles widen weights to float32 for the FMA tiles, not the dot's")
     if gated and bias is not None:
         raise ValueError("a gated product takes no bias")
     if add_norm is not None:
@@ -88,7 +90,7 @@ def small_rows_product(
         SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
         INT4_LOW_FIRST=weight.dtype == torch.int32, NORMED=normed,
-        HAS_RESIDUAL=normed and add_norm.residual is not None, A8=tiles.a8,
+        HAS_RESIDUAL=normed and add_norm.residual is not None, A8=tiles.a8, BITS=tiles.bits,
         SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,

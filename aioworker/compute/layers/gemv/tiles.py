@@ -13,7 +13,8 @@ class Tiles:
     """`dot`: tensor cores, or elementwise FMA (one row only); then output channels per
     program, K per loop step, K slices, and Triton's warps and pipeline stages. `a8` (e4m3
     weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
-    cores (kernels.py)."""
+    cores (kernels.py). `bits` (quantized weights, FMA tiles): widened to float32 by bit
+    operations, not conversion instructions (widening.py)."""
 
     dot: bool = True
     block_n: int = 64
@@ -22,3 +23,4 @@ class Tiles:
     num_warps: int = 4
     num_stages: int = 3
     a8: bool = False
+    bits: bool = False

@@ -59,6 +59,7 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
         "INT4_PER_UNIT": {"int4": 2, "int4-words": 8}.get(fmt, 1),
         "INT4_LOW_FIRST": fmt == "int4-words", "NORMED": bool(norm),
         "HAS_RESIDUAL": norm == "add+norm", "A8": fmt == "e4m3" and dot and split,
+        "BITS": not dot and split,
         "SPLIT": split, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
@@ -87,8 +88,9 @@ def reduce_variant(gated: bool):
 def main() -> None:
     options = {"num_warps": 4, "num_stages": 3}
     for fmt, dot in itertools.product(WEIGHTS, (True, False)):
-        # Gated with split K, uneven K, the add and norm, PDL (pdl.py) and e4m3's a8; plain
-        # with none of them, with and without the norm: every branch once per format.
+        # Gated with split K, uneven K, the add and norm, PDL (pdl.py), e4m3's a8 and the FMA
+        # tiles' bits; plain with none of them, with and without the norm: every branch once
+        # per format.
         for gated, split, even_k, norm in VARIANTS:
             variant = product_variant(fmt, gated, dot, split, even_k, norm)
             ptx = triton.compile(variant, HOPPER, options).asm["ptx"]

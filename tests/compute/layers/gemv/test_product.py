@@ -265,3 +265,36 @@ def test_a8_tiles_quantize_each_slice_of_the_rows_with_its_own_scale(
 def test_a8_tiles_take_e4m3_weights_on_tensor_cores_only() -> None:
     with pytest.raises(ValueError, match="a8 tiles multiply e4m3"):
         small_rows_product(torch.randn(2, 32), torch.randn(4, 32), Tiles(a8=True))
+
+
+BITS_TILES = [Tiles(dot=False, block_n=16, block_k=64, bits=True),
+              Tiles(dot=False, block_n=8, block_k=32, splits=3, bits=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tiles", BITS_TILES)
+def test_bits_widen_every_e4m3_and_int8_value_exactly(tiles: Tiles) -> None:
+    """Every e4m3 byte but NaN (subnormals, both zeros) and every int8 value, widened by bit
+    operations (widening.py): the product equals the one of the values widened by torch."""
+    e4m3_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    e4m3 = e4m3_bytes.view(E4M3)[torch.randperm(254)[:240]].reshape(3, 80)
+    int8 = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)[:240]].reshape(3, 80)
+    x = torch.randn(1, 80)
+    for weight in (e4m3, int8):
+        scale = torch.rand(3) + 0.5
+        got = small_rows_product(x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE))
+        torch.testing.assert_close(got.cpu(), reference(x, weight, scale), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiles", [*BITS_TILES, Tiles(dot=False, block_n=16, block_k=128,
+                                                      bits=True)])  # fmt: skip
+def test_bits_widen_int4_values_exactly(tiles: Tiles) -> None:
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_rows,
+        quantize_int4_rows,
+    )
+
+    x, dense = torch.randn(1, 224).to(DEVICE), torch.randn(2 * 27, 224)
+    packed, scales, offsets = (t.to(DEVICE) for t in quantize_int4_rows(dense))
+    got = small_rows_product(x, packed, tiles, gated=True, int4_groups=(scales, offsets))
+    want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated=True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

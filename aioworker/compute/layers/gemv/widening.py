@@ -1,0 +1,47 @@
+"""Widening stored weights to float32 without conversion instructions.
+
+A conversion (int to float, e4m3 to f16 to f32) issues at a quarter of the rate of a float add
+on Hopper (16 a cycle per SM against 64 or 128), and at these batch sizes each weight element
+is converted once per element read: at the copy rate an SM reads about 18 bytes a cycle, so an
+e4m3 or int8 tile widened by conversion instructions cannot keep up (the sweeps measured both at
+40-76% of copy bandwidth, bf16, which needs none, at 91-97%). The same values come exactly from
+integer operations on the bits and one float add or multiply:
+
+- int8 q: the float whose bits are 0x4B000000 | (q + 128) is 2^23 + 128 + q, exactly; subtract.
+- a 4-bit q (0..15): 0x4B000000 | q is 2^23 + q; subtracting 2^23 + 8 gives q - 8, the signed
+  value the int4 formats scale.
+- e4m3 (sign, 4 exponent bits e, 3 mantissa bits m): placing its 7 low bits at bits 20..26 of a
+  float32 gives 2^(e - 127) (1 + m/8), or for e = 0 the float32 subnormal (m/8) 2^-126: either
+  way the value times 2^-120. One multiply by 2^120 restores it exactly. (e4m3fn's NaN byte
+  would read as 480; quantized weights hold none.)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+TWO_TO_120: tl.constexpr = tl.constexpr(2.0**120)
+MAGIC: tl.constexpr = tl.constexpr(0x4B000000)  # the bits of 2^23 as float32
+TWO_TO_23: tl.constexpr = tl.constexpr(8388608.0)
+
+
+@triton.jit
+def exact_float32(tile):
+    """An e4m3, int8 or floating-point tile as float32 values."""
+    if tile.dtype == tl.float8e4nv:
+        bits = tile.to(tl.uint8, bitcast=True).to(tl.uint32)
+        placed = ((bits & 0x7F) << 20) | ((bits & 0x80) << 24)
+        widened = placed.to(tl.float32, bitcast=True) * TWO_TO_120
+    elif tile.dtype == tl.int8:
+        bits = (tile.to(tl.uint8, bitcast=True).to(tl.uint32) ^ 0x80) | MAGIC
+        widened = bits.to(tl.float32, bitcast=True) - (TWO_TO_23 + 128.0)
+    else:
+        widened = tile.to(tl.float32)
+    return widened
+
+
+@triton.jit
+def signed_nibble(bits):
+    """Int32 values q in 0..15 as the float32 q - 8."""
+    return (bits | MAGIC).to(tl.float32, bitcast=True) - (TWO_TO_23 + 8.0)
