@@ -81,8 +81,8 @@ def candidates(
     channels: int, depth: int, gated: bool, dot: bool, sms: int, fmt: str = "none"
 ) -> list[Tiles]:
     """Tilings that give the device between half a program and 16 programs per SM; for fp8,
-    each dot tiling also with its rows quantized to e4m3 (a8), and for a quantized format each
-    FMA tiling also widening by bit operations (bits)."""
+    each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each FMA
+    tiling also widening by bit operations (bits), and each split one also folded (fold)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -97,12 +97,14 @@ def candidates(
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, a8=True))
         if not dot and fmt != "none":
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, bits=True))
+        if splits > 1:
+            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, fold=True))
     return found
 
 
 def neighbours(base: Tiles, fmt: str) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
-    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles)."""
+    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles, fold for split K)."""
     r = dataclasses.replace
     found = [
         base,
@@ -117,6 +119,8 @@ def neighbours(base: Tiles, fmt: str) -> list[Tiles]:
         found.append(r(base, a8=not base.a8))
     if not base.dot and fmt != "none":
         found.append(r(base, bits=not base.bits))
+    if base.splits > 1:
+        found.append(r(base, fold=not base.fold))
     return found
 
 
@@ -288,7 +292,8 @@ def main() -> None:
                     f"| {model} {proj} | {fmt} | {rows} | {found['bytes'] / entry['theirs_s'] / rate:.0%} "
                     f"| {found['bytes'] / t / rate:.0%} | {entry['theirs_s'] * 1e6:.1f} | {t * 1e6:.1f} "
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
-                    f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''} |"
+                    f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''}"
+                    f"{' fold' if tiles.fold else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

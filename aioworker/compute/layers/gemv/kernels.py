@@ -25,8 +25,9 @@ time to read W once, so the kernel is built around streaming W.
 - NORMED computes the product of rms_norm(x + residual) instead of x (add_norm.py): a decoder
   layer's residual add and RMSNorm inside its qkv and gate/up products.
 - Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); `_reduce_kernel`
-  adds them, then normalizes, scales, gates and rounds. With one split the product kernel does
-  that itself.
+  adds them, then normalizes, scales, gates and rounds, or with FOLD the last of a tile's
+  programs to arrive does, counted by an atomic, and no second kernel is launched. With one
+  split the product kernel does that itself.
 """
 
 from __future__ import annotations
@@ -165,25 +166,27 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
 
 @triton.jit
 def _small_rows_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr,
-    residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
+    x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr, partial_ptr,
+    counter_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
     num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group_row,
     stride_group, stride_split, stride_out, eps,
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    ROW_GROUPS: tl.constexpr,
+    A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
+    EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """num_channels: output channels (for GATED, of the gate: W has twice as many rows).
-    SPLIT: out_ptr is the float32 partials [splits, rows, channels (x2 when GATED)]; otherwise
-    the output [rows, channels]. ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an
-    accumulator column per row (DOT), per column of the tile (FMA), or per group of K
-    (ROW_GROUPS). NORMED (add_norm.py): x is the row before the residual add and the norm;
-    residual and residual_out laid out as x; with SPLIT, squares_ptr takes each slice's sums of
-    squares [splits, rows]."""
+    """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
+    the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
+    partial_ptr [splits, rows, channels (x2 when GATED)], for `_reduce_kernel`, or with FOLD for
+    the last of its tile's programs to arrive, which adds them and finishes (`_fold`).
+    ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an accumulator column per row
+    (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). NORMED (add_norm.py):
+    x is the row before the residual add and the norm; residual and residual_out laid out as x;
+    with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
+    tile's, [tiles, splits, rows])."""
     wait_for_previous_kernel(PDL)
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -221,21 +224,75 @@ def _small_rows_kernel(
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
     if SPLIT:
         width = num_channels * 2 if GATED else num_channels
-        base = out_ptr + split * stride_split + rows[None, :] * width + channels[:, None]
-        tl.store(base, gate, mask=out_mask)
+        at = rows[None, :] * width + channels[:, None]
+        tl.store(partial_ptr + split * stride_split + at, gate, mask=out_mask)
         if GATED:
-            tl.store(base + num_channels, up, mask=out_mask)
-        if NORMED:  # the first tile's: every tile's slice sums the same squares
-            tl.store(squares_ptr + split * num_rows + rows, squares_sum,
-                     mask=tl.where(tile == 0, rows < num_rows, False))  # fmt: skip
+            tl.store(partial_ptr + split * stride_split + at + num_channels, up, mask=out_mask)
+        if NORMED:  # every tile's slice sums the same squares: the reduce kernel reads tile 0's
+            squares_tile = tile if FOLD else 0
+            squares_at = (squares_tile * tl.num_programs(1) + split) * num_rows + rows
+            tl.store(squares_ptr + squares_at, squares_sum,
+                     mask=tl.where(tile == squares_tile, rows < num_rows, False))  # fmt: skip
+        if FOLD:
+            _fold(
+                partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at,
+                channels, rows, num_rows, num_channels, depth, stride_split, stride_out, eps,
+                out_mask, NORMED, SCALED, HAS_BIAS, GATED,
+            )  # fmt: skip
     else:
-        if NORMED:
-            inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
-            gate, up = gate * inv_rms, up * inv_rms
-        y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS,
+        _store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
+                      num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
                       GATED)  # fmt: skip
-        out = out_ptr + rows[None, :] * stride_out + channels[:, None]
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _fold(
+    partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at, channels,
+    rows, num_rows, num_channels, depth, stride_split, stride_out, eps, out_mask,
+    NORMED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+):  # fmt: skip
+    """Split K finished without a second kernel: the last of the tile's programs to arrive
+    (counted at counter_ptr[tile], which it sets back to 0 for the next product) adds every
+    split's partial sums (and squares) and stores the output."""
+    # Every thread's partials are written before the count says so (release); the last to
+    # arrive sees every split's (acquire), read past L1, which may hold no copy anyway.
+    tl.debug_barrier()
+    splits = tl.num_programs(1)
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    if arrived == splits - 1:
+        gate = tl.zeros(out_mask.shape, dtype=tl.float32)
+        up = tl.zeros(out_mask.shape, dtype=tl.float32)
+        squares_sum = tl.zeros(rows.shape, dtype=tl.float32)
+        for other in range(splits):
+            from_split = partial_ptr + other * stride_split + at
+            gate += tl.load(from_split, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if GATED:
+                up += tl.load(from_split + num_channels, mask=out_mask, other=0.0,
+                              cache_modifier=".cg")  # fmt: skip
+            if NORMED:
+                squares_at = (tile * splits + other) * num_rows + rows
+                squares_sum += tl.load(squares_ptr + squares_at, mask=rows < num_rows,
+                                       other=0.0, cache_modifier=".cg")  # fmt: skip
+        _store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
+                      num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
+                      GATED)  # fmt: skip
+        tl.atomic_xchg(counter_ptr + tile, 0)
+
+
+@triton.jit
+def _store_output(
+    gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows, num_channels, depth,
+    stride_out, eps, out_mask, NORMED: tl.constexpr, SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+):  # fmt: skip
+    """The sums [BLOCK_N, BLOCK_M] (NORMED: times 1 / rms) through the epilogue, rounded into
+    the output rows."""
+    if NORMED:
+        inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
+        gate, up = gate * inv_rms, up * inv_rms
+    y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS, GATED)
+    tl.store(out_ptr + rows[None, :] * stride_out + channels[:, None],
+             y.to(out_ptr.dtype.element_ty), mask=out_mask)  # fmt: skip
 
 
 @triton.jit

@@ -14,6 +14,18 @@ from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 
 REDUCE_BLOCK = 256
+# Arrival counts of a folding split's programs (Tiles.fold), one per output tile, zero between
+# products (the last program of a tile resets its count). One set per device: a device's
+# products run one at a time, in stream order (the executor's stream, or the graph replaying
+# them).
+MAX_FOLD_TILES = 1 << 14
+_arrivals: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counts(device: torch.device) -> torch.Tensor:
+    if device not in _arrivals:
+        _arrivals[device] = torch.zeros(MAX_FOLD_TILES, dtype=torch.int32, device=device)
+    return _arrivals[device]
 
 
 def _k_per_split(depth: int, tiles: Tiles) -> tuple[int, int]:
@@ -55,10 +67,16 @@ def small_rows_product(
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
     per_split, splits = _k_per_split(depth, tiles)
-    partial = out
+    output_tiles = triton.cdiv(channels, tiles.block_n)
+    partial, counts = out, out
+    fold = tiles.fold and splits > 1
     if splits > 1:
         width = channels * 2 if gated else channels
         partial = torch.empty(splits, num_rows, width, dtype=torch.float32, device=x.device)
+    if fold:
+        if output_tiles > MAX_FOLD_TILES:
+            raise ValueError(f"{output_tiles} output tiles fold split K: at most {MAX_FOLD_TILES}")
+        counts = _arrival_counts(x.device)
     group, group_scale, group_offset, per_unit = 0, weight, weight, 1
     if int4_groups is not None:
         group_scale, group_offset = int4_groups
@@ -80,23 +98,25 @@ def small_rows_product(
     norm_weight, eps = (add_norm.weight, add_norm.eps) if normed else (x, 0.0)
     squares = partial
     if normed and splits > 1:
-        squares = torch.empty(splits, num_rows, dtype=torch.float32, device=x.device)
+        squares_tiles = output_tiles if fold else 1
+        squares = torch.empty(squares_tiles, splits, num_rows, dtype=torch.float32,
+                              device=x.device)  # fmt: skip
     options = launch_options()
-    _small_rows_kernel[(triton.cdiv(channels, tiles.block_n), splits)](
+    _small_rows_kernel[(output_tiles, splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
-        partial, residual, norm_weight, residual_out, squares,
+        out, partial, counts, residual, norm_weight, residual_out, squares,
         num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
         group_scale.stride(0), group_scale.stride(1), partial.stride(0), out.stride(0), eps,
         SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
         INT4_LOW_FIRST=weight.dtype == torch.int32, NORMED=normed,
         HAS_RESIDUAL=normed and add_norm.residual is not None, A8=tiles.a8, BITS=tiles.bits,
-        SPLIT=splits > 1, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
+        SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options), **options,
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not fold:
         _reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
             partial, placeholder, bias if bias is not None else weight, out, squares, splits,
             num_rows, channels, depth, partial.stride(0), out.stride(0), eps,

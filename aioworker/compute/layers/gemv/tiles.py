@@ -14,7 +14,8 @@ class Tiles:
     program, K per loop step, K slices, and Triton's warps and pipeline stages. `a8` (e4m3
     weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
     cores (kernels.py). `bits` (quantized weights, FMA tiles): widened to float32 by bit
-    operations, not conversion instructions (widening.py)."""
+    operations, not conversion instructions (widening.py). `fold`: split K's partial sums added
+    by the last of a tile's programs to arrive, not by a second kernel (kernels.py)."""
 
     dot: bool = True
     block_n: int = 64
@@ -24,3 +25,4 @@ class Tiles:
     num_stages: int = 3
     a8: bool = False
     bits: bool = False
+    fold: bool = False

@@ -31,6 +31,8 @@ PRODUCT_ARGS = [
     "group_scale_ptr",
     "group_offset_ptr",
     "out_ptr",
+    "partial_ptr",
+    "counter_ptr",
     "residual_ptr",
     "norm_weight_ptr",
     "residual_out_ptr",
@@ -60,13 +62,13 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
         "INT4_LOW_FIRST": fmt == "int4-words", "NORMED": bool(norm),
         "HAS_RESIDUAL": norm == "add+norm", "A8": fmt == "e4m3" and dot and split,
         "BITS": not dot and split,
-        "SPLIT": split, "EVEN_K": even_k,
+        "SPLIT": split, "FOLD": split and dot, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
     }  # fmt: skip
-    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "out_ptr": "*fp32" if split else "*bf16",
-                "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
+    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
+                "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
     signature = {
         name: pointers.get(name, "*bf16" if name.endswith("_ptr") else "i32")
         for name in PRODUCT_ARGS
@@ -88,9 +90,9 @@ def reduce_variant(gated: bool):
 def main() -> None:
     options = {"num_warps": 4, "num_stages": 3}
     for fmt, dot in itertools.product(WEIGHTS, (True, False)):
-        # Gated with split K, uneven K, the add and norm, PDL (pdl.py), e4m3's a8 and the FMA
-        # tiles' bits; plain with none of them, with and without the norm: every branch once
-        # per format.
+        # Gated with split K (folded on the dot tiles, reduced by a second kernel on the FMA
+        # ones), uneven K, the add and norm, PDL (pdl.py), e4m3's a8 and the FMA tiles' bits;
+        # plain with none of them, with and without the norm: every branch once per format.
         for gated, split, even_k, norm in VARIANTS:
             variant = product_variant(fmt, gated, dot, split, even_k, norm)
             ptx = triton.compile(variant, HOPPER, options).asm["ptx"]

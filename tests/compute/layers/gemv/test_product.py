@@ -33,10 +33,15 @@ def reference(x, weight, scale=None, gated=False, bias=None):
     return y
 
 
-DOT_TILES = [Tiles(block_n=16, block_k=32), Tiles(block_n=32, block_k=16, splits=3)]
+DOT_TILES = [
+    Tiles(block_n=16, block_k=32),
+    Tiles(block_n=32, block_k=16, splits=3),
+    Tiles(block_n=16, block_k=16, splits=4, fold=True),  # the last program adds the partials
+]
 FMA_TILES = [
     Tiles(dot=False, block_n=16, block_k=32),
     Tiles(dot=False, block_n=8, block_k=64, splits=2),
+    Tiles(dot=False, block_n=16, block_k=32, splits=3, fold=True),
 ]
 
 
@@ -116,6 +121,7 @@ INT4_TILES = [
     Tiles(block_n=32, block_k=64),  # two groups a tile
     Tiles(dot=False, block_n=16, block_k=128, splits=2),  # one row: int4_row.py, K past its end
     Tiles(dot=False, block_n=8, block_k=32, splits=3),  # one group a step
+    Tiles(dot=False, block_n=16, block_k=64, splits=3, fold=True),
 ]
 
 
@@ -298,3 +304,16 @@ def test_bits_widen_int4_values_exactly(tiles: Tiles) -> None:
     got = small_rows_product(x, packed, tiles, gated=True, int4_groups=(scales, offsets))
     want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated=True)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_folding_splits_leave_every_arrival_count_at_zero() -> None:
+    """The last program of each tile sets its count back: the next product (here the same one
+    twice, and a gated one with more tiles) counts from zero, and nothing is left counted."""
+    from aioworker.compute.layers.gemv import product
+
+    x, weight = torch.randn(3, 96).to(DEVICE), torch.randn(2 * 40, 96).to(DEVICE)
+    tiles = Tiles(block_n=16, block_k=16, splits=3, fold=True)
+    for gated in (False, False, True):
+        got = small_rows_product(x, weight, tiles, gated=gated)
+        torch.testing.assert_close(got, reference(x, weight, gated=gated), rtol=1e-4, atol=1e-4)
+    assert not product._arrival_counts(x.device).any()
