@@ -9,7 +9,7 @@ time to read W once, so the kernel is built around streaming W.
     nothing that matters here, and Triton pipelines the loads that feed a dot.
   - FMA (one row only): products accumulate elementwise in a [BLOCK_N, BLOCK_K] tile, summed
     once at the end, so the loop does no cross-lane reductions.
-- A weight format is a variant, not a copy: `_weight_tile` loads and widens a tile (bf16 as
+- A weight format is a variant, not a copy: `weight_tile` (weight_tiles.py) loads and widens a tile (bf16 as
   is; e4m3 and int8 widened exactly to bf16; int4 unpacked and dequantized per group of K in
   registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
   checkpoint), and a per-output-channel scale multiplies the sum, since it factors out of the
@@ -24,7 +24,7 @@ time to read W once, so the kernel is built around streaming W.
   reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
 - NORMED computes the product of rms_norm(x + residual) instead of x (add_norm.py): a decoder
   layer's residual add and RMSNorm inside its qkv and gate/up products.
-- Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); `_reduce_kernel`
+- Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); `reduce_kernel`
   adds them, then normalizes, scales, gates and rounds, or with FOLD the last of a tile's
   programs to arrive does, counted by an atomic, and no second kernel is launched. With one
   split the product kernel does that itself.
@@ -36,85 +36,10 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
-from aioworker.compute.layers.gemv.add_norm import inverse_rms, normed_values
+from aioworker.compute.layers.gemv.add_norm import normed_values
+from aioworker.compute.layers.gemv.finish import fold, store_output
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
-from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble
-
-
-@triton.jit
-def _weight_tile(
-    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
-    stride_group, depth, compute_dtype, BITS: tl.constexpr, EVEN_K: tl.constexpr,
-    INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype (BITS: float32
-    by bit operations, widening.py, not conversion instructions): a stored dtype
-    as it is (bf16, e4m3, int8), or with INT4_GROUP, 4-bit values packed INT4_PER_UNIT to a
-    stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
-    int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
-    of columns."""
-    # Compiled Triton keeps one return per function: a constexpr branch that returns early would
-    # still compile the code after it (the interpreter does not), so each branch is a function.
-    if INT4_GROUP == 0:
-        w = _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_K)
-    else:
-        w = _int4_tile(
-            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
-            stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-            INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-    return exact_float32(w) if BITS else w.to(compute_dtype)
-
-
-@triton.jit
-def _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.constexpr,
-                 BLOCK_K: tl.constexpr):  # fmt: skip
-    """W's rows at columns k0 .. k0 + BLOCK_K as stored (bf16, e4m3, int8)."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    mask = in_range[:, None]
-    if not EVEN_K:
-        mask = mask & (ks[None, :] < depth)
-    return tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _int4_tile(
-    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
-    stride_group, depth, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """W's rows at columns k0 .. k0 + BLOCK_K from 4-bit values, dequantized (float32)."""
-    units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
-    mask = in_range[:, None]
-    if not EVEN_K:
-        mask = mask & (units[None, :] < depth // INT4_PER_UNIT)
-    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + units[None, :], mask=mask, other=0)
-    place = tl.arange(0, INT4_PER_UNIT)
-    shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
-    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-    signed = signed_nibble(q.to(tl.int32)) if BITS else q.to(tl.float32) - 8.0  # q - 8
-    q = tl.reshape(signed, (BLOCK_N, BLOCK_K))
-    # Columns past K are zeros of x and their weights zeros too: no scale is read past K (a
-    # stray inf or NaN there would poison the sum).
-    if BLOCK_K <= INT4_GROUP:
-        group = tl.zeros_like(w_rows) + k0 // INT4_GROUP
-        at = w_rows * stride_group_row + group * stride_group
-        group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
-        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        w = q * s[:, None] + o[:, None]
-    else:
-        GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
-        groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
-        at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
-        group_mask = in_range[:, None] & (groups[None, :] < depth // INT4_GROUP)
-        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
-        w = tl.reshape(q3 * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
-    return w
+from aioworker.compute.layers.gemv.weight_tiles import weight_tile
 
 
 @triton.jit
@@ -149,22 +74,6 @@ def _finish(acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.constexpr,
-              HAS_BIAS: tl.constexpr, GATED: tl.constexpr):  # fmt: skip
-    """Sums [BLOCK_N, BLOCK_M] (float32) -> the output values: scaled, then biased (a plain
-    product) or gated."""
-    in_range = channels < num_channels
-    if SCALED:
-        gate = gate * tl.load(scale_ptr + channels, mask=in_range, other=0.0)[:, None]
-        if GATED:
-            up_scale = tl.load(scale_ptr + num_channels + channels, mask=in_range, other=0.0)
-            up = up * up_scale[:, None]
-    if HAS_BIAS:
-        gate += tl.load(bias_ptr + channels, mask=in_range, other=0.0).to(tl.float32)[:, None]
-    return gate * tl.sigmoid(gate) * up if GATED else gate
-
-
-@triton.jit
 def _small_rows_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr, partial_ptr,
     counter_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
@@ -180,8 +89,8 @@ def _small_rows_kernel(
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
-    partial_ptr [splits, rows, channels (x2 when GATED)], for `_reduce_kernel`, or with FOLD for
-    the last of its tile's programs to arrive, which adds them and finishes (`_fold`).
+    partial_ptr [splits, rows, channels (x2 when GATED)], for `reduce_kernel`, or with FOLD for
+    the last of its tile's programs to arrive, which adds them and finishes (finish.py).
     ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an accumulator column per row
     (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). NORMED (add_norm.py):
     x is the row before the residual add and the norm; residual and residual_out laid out as x;
@@ -234,65 +143,15 @@ def _small_rows_kernel(
             tl.store(squares_ptr + squares_at, squares_sum,
                      mask=tl.where(tile == squares_tile, rows < num_rows, False))  # fmt: skip
         if FOLD:
-            _fold(
+            fold(
                 partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at,
                 channels, rows, num_rows, num_channels, depth, stride_split, stride_out, eps,
                 out_mask, NORMED, SCALED, HAS_BIAS, GATED,
             )  # fmt: skip
     else:
-        _store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
+        store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
                       num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
                       GATED)  # fmt: skip
-
-
-@triton.jit
-def _fold(
-    partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at, channels,
-    rows, num_rows, num_channels, depth, stride_split, stride_out, eps, out_mask,
-    NORMED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
-    """Split K finished without a second kernel: the last of the tile's programs to arrive
-    (counted at counter_ptr[tile], which it sets back to 0 for the next product) adds every
-    split's partial sums (and squares) and stores the output."""
-    # Every thread's partials are written before the count says so (release); the last to
-    # arrive sees every split's (acquire), read past L1, which may hold no copy anyway.
-    tl.debug_barrier()
-    splits = tl.num_programs(1)
-    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-    if arrived == splits - 1:
-        gate = tl.zeros(out_mask.shape, dtype=tl.float32)
-        up = tl.zeros(out_mask.shape, dtype=tl.float32)
-        squares_sum = tl.zeros(rows.shape, dtype=tl.float32)
-        for other in range(splits):
-            from_split = partial_ptr + other * stride_split + at
-            gate += tl.load(from_split, mask=out_mask, other=0.0, cache_modifier=".cg")
-            if GATED:
-                up += tl.load(from_split + num_channels, mask=out_mask, other=0.0,
-                              cache_modifier=".cg")  # fmt: skip
-            if NORMED:
-                squares_at = (tile * splits + other) * num_rows + rows
-                squares_sum += tl.load(squares_ptr + squares_at, mask=rows < num_rows,
-                                       other=0.0, cache_modifier=".cg")  # fmt: skip
-        _store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
-                      num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
-                      GATED)  # fmt: skip
-        tl.atomic_xchg(counter_ptr + tile, 0)
-
-
-@triton.jit
-def _store_output(
-    gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows, num_channels, depth,
-    stride_out, eps, out_mask, NORMED: tl.constexpr, SCALED: tl.constexpr,
-    HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
-    """The sums [BLOCK_N, BLOCK_M] (NORMED: times 1 / rms) through the epilogue, rounded into
-    the output rows."""
-    if NORMED:
-        inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
-        gate, up = gate * inv_rms, up * inv_rms
-    y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS, GATED)
-    tl.store(out_ptr + rows[None, :] * stride_out + channels[:, None],
-             y.to(out_ptr.dtype.element_ty), mask=out_mask)  # fmt: skip
 
 
 @triton.jit
@@ -321,14 +180,14 @@ def _stored_step(
     x_scale = squares_sum  # unused unless A8
     if A8:
         x, x_scale = _e4m3_rows(x)
-    w = _weight_tile(
+    w = weight_tile(
         w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
         stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
         INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, A8)
     if GATED:
-        w_up = _weight_tile(
+        w_up = weight_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
             k0, stride_w, stride_group_row, stride_group, depth, tile_dtype, BITS,
             EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
@@ -363,35 +222,3 @@ def _int4_row_steps(
             INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
         )  # fmt: skip
     return gate_acc, up_acc, squares_sum
-
-
-@triton.jit
-def _reduce_kernel(
-    partial_ptr, scale_ptr, bias_ptr, out_ptr, squares_ptr, num_splits, num_rows, num_channels,
-    depth, stride_split, stride_out, eps, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """One program per (row, block of channels): the partials' sum, then the epilogue (NORMED:
-    first 1 / rms from the slices' sums of squares)."""
-    wait_for_previous_kernel(PDL)
-    row = tl.program_id(0)
-    channels = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = channels < num_channels
-    width = num_channels * 2 if GATED else num_channels
-    gate = tl.zeros((BLOCK,), dtype=tl.float32)
-    up = tl.zeros((BLOCK,), dtype=tl.float32)
-    squares_sum = tl.zeros((1,), dtype=tl.float32)
-    for split in range(num_splits):
-        base = partial_ptr + split * stride_split + row * width + channels
-        gate += tl.load(base, mask=mask, other=0.0)
-        if GATED:
-            up += tl.load(base + num_channels, mask=mask, other=0.0)
-        if NORMED:
-            squares_sum += tl.load(squares_ptr + split * num_rows + row + tl.arange(0, 1))
-    if NORMED:
-        inv_rms = inverse_rms(squares_sum, depth, eps)
-        gate, up = gate * inv_rms, up * inv_rms
-    y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels, SCALED,
-                  HAS_BIAS, GATED)  # fmt: skip
-    tl.store(out_ptr + row * stride_out + channels[:, None], y.to(out_ptr.dtype.element_ty),
-             mask=mask[:, None])  # fmt: skip

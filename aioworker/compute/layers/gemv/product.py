@@ -9,7 +9,8 @@ import triton
 
 from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
-from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel
+from aioworker.compute.layers.gemv.finish import reduce_kernel
+from aioworker.compute.layers.gemv.kernels import _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 
@@ -117,7 +118,7 @@ def small_rows_product(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options), **options,
     )  # fmt: skip
     if splits > 1 and not fold:
-        _reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
+        reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
             partial, placeholder, bias if bias is not None else weight, out, squares, splits,
             num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
             SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,

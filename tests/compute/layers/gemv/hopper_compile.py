@@ -18,7 +18,8 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-from aioworker.compute.layers.gemv.kernels import _reduce_kernel, _small_rows_kernel  # noqa: E402
+from aioworker.compute.layers.gemv.finish import reduce_kernel  # noqa: E402
+from aioworker.compute.layers.gemv.kernels import _small_rows_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 VARIANTS = ((True, True, False, "add+norm"), (False, False, True, ""), (False, False, True, "norm"))
@@ -84,7 +85,7 @@ def reduce_variant(gated: bool):
                  "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
                  "num_rows": "i32", "num_channels": "i32", "depth": "i32", "stride_split": "i32",
                  "stride_out": "i32", "eps": "fp32"}  # fmt: skip
-    return ASTSource(_reduce_kernel, signature | dict.fromkeys(constants, "constexpr"), constants)
+    return ASTSource(reduce_kernel, signature | dict.fromkeys(constants, "constexpr"), constants)
 
 
 def main() -> None:

@@ -1,0 +1,85 @@
+"""Loading a tile of W for the small-rows kernels, widened for the multiply: a weight format is
+a variant of this load, not a copy of the kernel (kernels.py)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble
+
+
+@triton.jit
+def weight_tile(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, compute_dtype, BITS: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype (BITS: float32
+    by bit operations, widening.py, not conversion instructions): a stored dtype
+    as it is (bf16, e4m3, int8), or with INT4_GROUP, 4-bit values packed INT4_PER_UNIT to a
+    stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
+    int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
+    of columns."""
+    # Compiled Triton keeps one return per function: a constexpr branch that returns early would
+    # still compile the code after it (the interpreter does not), so each branch is a function.
+    if INT4_GROUP == 0:
+        w = _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_K)
+    else:
+        w = _int4_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+            stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+            INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return exact_float32(w) if BITS else w.to(compute_dtype)
+
+
+@triton.jit
+def _stored_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """W's rows at columns k0 .. k0 + BLOCK_K as stored (bf16, e4m3, int8)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    mask = in_range[:, None]
+    if not EVEN_K:
+        mask = mask & (ks[None, :] < depth)
+    return tl.load(w_ptr + w_rows[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _int4_tile(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's rows at columns k0 .. k0 + BLOCK_K from 4-bit values, dequantized (float32)."""
+    units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
+    mask = in_range[:, None]
+    if not EVEN_K:
+        mask = mask & (units[None, :] < depth // INT4_PER_UNIT)
+    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + units[None, :], mask=mask, other=0)
+    place = tl.arange(0, INT4_PER_UNIT)
+    shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
+    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+    signed = signed_nibble(q.to(tl.int32)) if BITS else q.to(tl.float32) - 8.0  # q - 8
+    q = tl.reshape(signed, (BLOCK_N, BLOCK_K))
+    # Columns past K are zeros of x and their weights zeros too: no scale is read past K (a
+    # stray inf or NaN there would poison the sum).
+    if BLOCK_K <= INT4_GROUP:
+        group = tl.zeros_like(w_rows) + k0 // INT4_GROUP
+        at = w_rows * stride_group_row + group * stride_group
+        group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        w = q * s[:, None] + o[:, None]
+    else:
+        GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
+        groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
+        at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+        group_mask = in_range[:, None] & (groups[None, :] < depth // INT4_GROUP)
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
+        w = tl.reshape(q3 * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
+    return w
