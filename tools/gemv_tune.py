@@ -11,7 +11,7 @@ L2, back to back, as a decode step's layers do; time per product = graph time / 
 Rows: one row sweeps every candidate; 8 rows times the best dot tilings of one row and the rule.
 
     python tools/gemv_tune.py --json $OUT/gemv_tune.json [--budget-s 360] [--write-table]
-                              [--refine]
+                              [--refine] [--pdl]
 
 --write-table writes the winners to compute/layers/gemv/tuned_tiles.json, the table the method
 reads: per shape, format, gating and row class, the best tiles, or null where the format's own
@@ -40,6 +40,7 @@ from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aioworker.compute.layers import pdl  # noqa: E402
 from aioworker.compute.layers.gemv.choice import (  # noqa: E402
     TABLE_PATH,
     format_of,
@@ -102,9 +103,10 @@ def candidates(
     return found
 
 
-def neighbours(base: Tiles, fmt: str) -> list[Tiles]:
+def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
-    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles, fold for split K)."""
+    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles, fold for split K, and
+    with programmatic dependent launch on, prefetch)."""
     r = dataclasses.replace
     found = [
         base,
@@ -121,6 +123,8 @@ def neighbours(base: Tiles, fmt: str) -> list[Tiles]:
         found.append(r(base, bits=not base.bits))
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
+    if pdl_on:
+        found.append(r(base, prefetch=not base.prefetch))
     return found
 
 
@@ -130,9 +134,11 @@ def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: in
     weight_format = {"none": "dense", "fp8": "e4m3", "wint8": "int8", "wint4": "int4"}[fmt]
     key = table_key(rows, channels, depth, weight_format, gated)
     rule = rule_tiles(channels, depth, gated, sms)
-    found = neighbours(tuned_table().get(key) or rule, fmt) + [rule]
+    on = bool(pdl.launch_options())
+    found = neighbours(tuned_table().get(key) or rule, fmt, on) + [rule]
     if rows == 1:
-        found += neighbours(dataclasses.replace(rule, dot=False, block_n=16, block_k=512), fmt)
+        fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
+        found += neighbours(fma, fmt, on)
     fits = [t for t in found if depth // t.splits >= t.block_k and (t.dot or rows == 1)]
     return list(dict.fromkeys(fits))
 
@@ -259,10 +265,17 @@ def main() -> None:
     parser.add_argument(
         "--refine", action="store_true", help="only the table's tiles and their neighbours"
     )
+    parser.add_argument(
+        "--pdl",
+        action="store_true",
+        help="launch the products with programmatic dependent launch (device.pdl), so that "
+        "back-to-back products overlap as a step's do, and try prefetching W while they wait",
+    )
     args = parser.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
     device = "cpu" if args.smoke else "cuda"
+    pdl.enable(args.pdl and not args.smoke)
     # The model's dtype, as build_model sets it; float16 for --smoke: Triton's interpreter
     # multiplies bf16 tiles wrongly (tl.dot).
     torch.set_default_dtype(torch.float16 if args.smoke else torch.bfloat16)

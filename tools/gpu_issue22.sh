@@ -6,8 +6,9 @@
 #   tools/gpu_issue22.sh all      tune (a shorter sweep), then bench with the table it wrote
 #   tools/gpu_issue22.sh final    W4 for every format, the composed GPU tests, the shape tests
 #   tools/gpu_issue22.sh check    the GPU tests of compute/ and the profile of an 8B step
-#   tools/gpu_issue22.sh refine   the kernels' GPU tests, then a sweep of the table's tiles and
-#                                 their neighbours only (a8, bits), writing the table
+#   tools/gpu_issue22.sh refine [--pdl]  the kernels' GPU tests, then a sweep of the table's tiles
+#                                 and their neighbours only (a8, bits, fold; with --pdl the
+#                                 products launched with PDL, and prefetch), writing the table
 #   tools/gpu_issue22.sh candidates  W4 (bf16, fp8) with each feature still off by default
 #                                 against the defaults (the add and norm fused in, programmatic
 #                                 dependent launch, both), and the composed GPU tests
@@ -78,7 +79,7 @@ case "${1:-}" in
     echo "== profile"; head -24 "$out/profile.log"
     ;;
   refine)
-    tune 300 --refine
+    tune 300 --refine "${@:2}"
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
     cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.gdc import wait_for_previous_kernel
+from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
 from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
@@ -85,7 +85,8 @@ def _small_rows_kernel(
     A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    LINE_UNITS: tl.constexpr,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -95,11 +96,20 @@ def _small_rows_kernel(
     (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). NORMED (add_norm.py):
     x is the row before the residual add and the norm; residual and residual_out laid out as x;
     with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
-    tile's, [tiles, splits, rows])."""
-    wait_for_previous_kernel(PDL)
+    tile's, [tiles, splits, rows]). PREFETCH_LINES (with PDL): the lines of each of the
+    program's W rows (LINE_UNITS stored units a line) fetched into L2 while it waits on the
+    kernel before."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
+    if PREFETCH_LINES > 0:  # weights: no kernel of the step writes them
+        _prefetch_rows(w_ptr, channels, in_range, split * k_per_split // INT4_PER_UNIT, stride_w,
+                       PREFETCH_LINES, LINE_UNITS)  # fmt: skip
+        if GATED:
+            _prefetch_rows(w_ptr, channels + num_channels, in_range,
+                           split * k_per_split // INT4_PER_UNIT, stride_w, PREFETCH_LINES,
+                           LINE_UNITS)  # fmt: skip
+    wait_for_previous_kernel(PDL)
     rows = tl.arange(0, BLOCK_M)
     compute_dtype = x_ptr.dtype.element_ty
     gate_acc = tl.zeros((BLOCK_N, ACC_COLUMNS), dtype=tl.float32)
@@ -152,6 +162,16 @@ def _small_rows_kernel(
         store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
                       num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
                       GATED)  # fmt: skip
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, w_rows, in_range, first_unit, stride_w, LINES: tl.constexpr,
+                   LINE_UNITS: tl.constexpr):  # fmt: skip
+    """The first LINES lines of W's rows `w_rows` from stored unit `first_unit` into L2 (rows
+    past the end fetch row 0's lines instead: no address outside W)."""
+    rows = tl.where(in_range, w_rows, 0)
+    units = first_unit + tl.arange(0, LINES) * LINE_UNITS
+    prefetch_to_l2(w_ptr + rows[:, None] * stride_w + units[None, :])
 
 
 @triton.jit

@@ -15,6 +15,7 @@ from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 
 REDUCE_BLOCK = 256
+LINE_BYTES = 128  # what a prefetch fetches
 # Arrival counts of a folding split's programs (Tiles.fold), one per output tile, zero between
 # products (the last program of a tile resets its count). One set per device: a device's
 # products run one at a time, in stream order (the executor's stream, or the graph replaying
@@ -115,7 +116,9 @@ def small_rows_product(
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options), **options,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
+        PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
+        LINE_UNITS=max(1, LINE_BYTES // weight.element_size()), **options,
     )  # fmt: skip
     if splits > 1 and not fold:
         reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
@@ -125,6 +128,14 @@ def small_rows_product(
             BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
         )  # fmt: skip
     return out
+
+
+def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) -> int:
+    """Tiles.prefetch: the lines of a row's first step of K, at least one; else none."""
+    if not tiles.prefetch:
+        return 0
+    step_bytes = tiles.block_k // values_per_unit * weight.element_size()
+    return triton.next_power_of_2(max(1, step_bytes // LINE_BYTES))
 
 
 def _check_add_norm(x: torch.Tensor, add_norm: AddNorm) -> None:

@@ -15,7 +15,9 @@ class Tiles:
     weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
     cores (kernels.py). `bits` (quantized weights, FMA tiles): widened to float32 by bit
     operations, not conversion instructions (widening.py). `fold`: split K's partial sums added
-    by the last of a tile's programs to arrive, not by a second kernel (kernels.py)."""
+    by the last of a tile's programs to arrive, not by a second kernel (kernels.py).
+    `prefetch` (with device.pdl): each program fetches its first step of W into L2 while it
+    waits on the kernel before."""
 
     dot: bool = True
     block_n: int = 64
@@ -26,3 +28,4 @@ class Tiles:
     a8: bool = False
     bits: bool = False
     fold: bool = False
+    prefetch: bool = False

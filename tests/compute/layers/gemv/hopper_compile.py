@@ -24,6 +24,7 @@ from aioworker.compute.layers.gemv.kernels import _small_rows_kernel  # noqa: E4
 HOPPER = GPUTarget("cuda", 90, 32)
 VARIANTS = ((True, True, False, "add+norm"), (False, False, True, ""), (False, False, True, "norm"))
 WEIGHTS = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "int8": "*i8", "int4": "*u8", "int4-words": "*i32"}
+UNIT_BYTES = {"bf16": 2, "e4m3": 1, "int8": 1, "int4": 1, "int4-words": 4}
 PRODUCT_ARGS = [
     "x_ptr",
     "w_ptr",
@@ -67,6 +68,7 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
+        "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
     }  # fmt: skip
     pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -99,6 +101,7 @@ def main() -> None:
             ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
             waits = "griddepcontrol.wait" in ptx
             assert waits == split, "a PDL launch must wait on the kernel before it first"
+            assert ("prefetch.global.L2" in ptx) == split, "the PDL variant prefetches W"
             print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k} {norm}")
     for gated in (False, True):
         triton.compile(reduce_variant(gated), HOPPER, options)
