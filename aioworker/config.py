@@ -109,6 +109,10 @@ class DeviceOptions(_Section):
     # each may start while the one before it finishes (compute/layers/pdl.py). Off until the
     # H200 measures it (docs/benchmarks.md, W4).
     pdl: bool = False
+    # CUDA, attention_backend auto or triton: a decode step's q/k norms, rotary and KV cache
+    # write done inside the paged decode kernel (one launch fewer a layer). Off until the H200
+    # measures it (docs/benchmarks.md, W4).
+    fused_rope_attention: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

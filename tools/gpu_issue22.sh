@@ -10,8 +10,11 @@
 #                                 and their neighbours only (a8, bits, fold; with --pdl the
 #                                 products launched with PDL, and prefetch), writing the table
 #   tools/gpu_issue22.sh candidates  W4 (bf16, fp8) with each feature still off by default
-#                                 against the defaults (the add and norm fused in, programmatic
-#                                 dependent launch, both), and the composed GPU tests
+#                                 against the defaults (the add and norm fused in the products,
+#                                 rotary and the cache write in decode attention, programmatic
+#                                 dependent launch), and the composed GPU tests
+#   tools/gpu_issue22.sh together W4 (bf16, fp8) with all three on against the defaults, and W4
+#                                 of every format with the kernels off against on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
 set -uo pipefail
@@ -86,13 +89,19 @@ case "${1:-}" in
     echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; tail -30 "$out/gemv_tune.log"
     ;;
   candidates)
-    w4 none,fp8 140 norm --w4-candidate device.fused_norm_products=true
-    w4 none,fp8 140 pdl --w4-candidate device.pdl=true
-    w4 none,fp8 140 both --w4-candidate device.fused_norm_products=true --w4-candidate device.pdl=true
+    w4 none,fp8 130 norm --w4-candidate device.fused_norm_products=true
+    w4 none,fp8 130 rope --w4-candidate device.fused_rope_attention=true
+    w4 none,fp8 130 pdl --w4-candidate device.pdl=true
     composed 90
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -12
-    for name in norm pdl both; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
+    for name in norm rope pdl; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates" >&2; exit 2 ;;
+  together)
+    w4 none,fp8 150 all --w4-candidate device.fused_norm_products=true \
+      --w4-candidate device.fused_rope_attention=true --w4-candidate device.pdl=true
+    w4 none,fp8,wint8,wint4 240 kernels
+    for name in all kernels; do echo "== w4 $name"; tail -10 "$out/w4_$name.log"; done
+    ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together" >&2; exit 2 ;;
 esac
 exit 0

@@ -120,3 +120,51 @@ def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
     )  # fmt: skip
     error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
     assert error < 1e-5, error
+
+
+@pytest.mark.parametrize(("num_splits", "multi", "with_norm"),
+                         [(1, False, False), (3, False, True), (3, True, False), (2, True, True)])  # fmt: skip
+def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi, with_norm) -> None:
+    """Raw q, k and v given to the decode kernel (rope_in): the same output, and the same cache,
+    as qkv_rope_cache_ writing the cache first. A verify step's new tokens may cross a tile and
+    a split (sequence 1: positions TILE_N .. TILE_N + 4)."""
+    from aioworker.compute.layers import fused
+    from aioworker.compute.layers.attention.triton_decode import RopeIn
+
+    g = torch.Generator().manual_seed(21 + num_splits)
+    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
+    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
+    query_lens = torch.tensor([1, 5, 3, 8] if multi else [1, 1, 1, 1], dtype=torch.int32)
+    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
+    block_tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, -1)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g)
+    rows = int(query_lens.sum())
+    qkv = torch.randn(rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=g)
+    cos, sin = torch.randn(rows, head_dim, generator=g), torch.randn(rows, head_dim, generator=g)
+    q_weight = torch.rand(head_dim, generator=g) + 0.5 if with_norm else None
+    k_weight = torch.rand(head_dim, generator=g) + 0.5 if with_norm else None
+    # Each new token's cache slot, from its position and the block table.
+    row_seq = torch.repeat_interleave(torch.arange(batch), query_lens.long())
+    starts = torch.cumsum(query_lens, 0) - query_lens
+    positions = context_lens[row_seq] - query_lens[row_seq] + torch.arange(rows) - starts[row_seq]
+    slots = block_tables[row_seq, positions // block_size] * block_size + positions % block_size
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    queries = (to(starts.int()), to(query_lens), int(query_lens.max())) if multi else None
+    outputs, caches = [], []
+    for fused_in in (False, True):
+        q, k, v = (
+            t.view(rows, -1, head_dim)
+            for t in to(qkv.clone()).split([num_heads * head_dim, num_kv_heads * head_dim,
+                                           num_kv_heads * head_dim], dim=-1)
+        )  # fmt: skip
+        kc, vc = to(k_cache.clone()), to(k_cache.clone() * 0.5)
+        weights = [None if w is None else to(w) for w in (q_weight, k_weight)]
+        rope_in = RopeIn(k, v, to(cos), to(sin), *weights, 1e-6) if fused_in else None
+        if not fused_in:
+            fused.qkv_rope_cache_(q, k, v, to(cos), to(sin), *weights, 1e-6, kc, vc, to(slots))
+        out = paged_decode(q, kc, vc, to(block_tables.int()), to(context_lens), head_dim**-0.5,
+                           num_splits, queries=queries, rope_in=rope_in)  # fmt: skip
+        outputs.append(out.cpu())
+        caches.append((kc.cpu(), vc.cpu()))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])

@@ -88,20 +88,22 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _norm_rope_head(
-    base, cos_ptr, sin_ptr, weight_ptr, token, stride_cos, eps,
-    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+def norm_rope_rows(
+    row_ptrs, cos_ptrs, sin_ptrs, weight_ptr, eps, mask, HEAD_DIM: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    """One head of one token: optional RMSNorm (Qwen3), then rotary; returns the new values."""
+    """Heads [R, D] whose values start at row_ptrs [R, 1]: optional RMSNorm (Qwen3), then
+    rotary with each row's cos and sin (cos_ptrs, sin_ptrs [R, 1]: float32 rows of D); rows
+    outside `mask` [R, 1] read as zeros. Returns the new values [R, D] in the heads' dtype."""
     half = HEAD_DIM // 2
-    offs = tl.arange(0, HEAD_DIM)
+    offs = tl.arange(0, HEAD_DIM)[None, :]
     partner_offs = (offs + half) % HEAD_DIM  # rotate_half pairs element i with i +- D/2
-    x = tl.load(base + offs)
-    partner = tl.load(base + partner_offs)
+    x = tl.load(row_ptrs + offs, mask=mask, other=0.0)
+    partner = tl.load(row_ptrs + partner_offs, mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_NORM:  # the same scale for both halves
         x32 = x.to(tl.float32)
-        inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=0) / HEAD_DIM + eps)
+        inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=1) / HEAD_DIM + eps)[:, None]
         w = tl.load(weight_ptr + offs).to(tl.float32)
         w_partner = tl.load(weight_ptr + partner_offs).to(tl.float32)
         x = ((x32 * inv_rms).to(dtype).to(tl.float32) * w).to(dtype)
@@ -109,11 +111,25 @@ def _norm_rope_head(
             dtype
         )
     rotated = tl.where(offs < half, -partner.to(tl.float32), partner.to(tl.float32))
-    cos = tl.load(cos_ptr + token * stride_cos + offs).to(dtype).to(tl.float32)
-    sin = tl.load(sin_ptr + token * stride_cos + offs).to(dtype).to(tl.float32)
+    cos = tl.load(cos_ptrs + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(sin_ptrs + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
     a = (x.to(tl.float32) * cos).to(dtype).to(tl.float32)
     b = (rotated * sin).to(dtype).to(tl.float32)
     return (a + b).to(dtype)
+
+
+@triton.jit
+def _norm_rope_head(
+    base, cos_ptr, sin_ptr, weight_ptr, token, stride_cos, eps,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """One head of one token (`norm_rope_rows` for a single row): the new values [D]."""
+    one = tl.zeros([1, 1], dtype=tl.int32)
+    rows = norm_rope_rows(
+        base + one, cos_ptr + token * stride_cos + one, sin_ptr + token * stride_cos + one,
+        weight_ptr, eps, one == 0, HEAD_DIM, HAS_NORM,
+    )  # fmt: skip
+    return tl.reshape(rows, (HEAD_DIM,))
 
 
 @triton.jit

@@ -58,10 +58,18 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = attn.backend.prepare_qkv(
-            q, k, v, rope, self.q_norm, self.k_norm, self.k_cache, self.v_cache, attn.metadata
-        )
-        out = attn.backend.forward(q, k, v, self.k_cache, self.v_cache, attn.metadata, self.scale)
+        caches = (self.k_cache, self.v_cache)
+        attend = getattr(attn.backend, "attend", None)  # backend.py: optional, in one go
+        out = None
+        if attend is not None:
+            out = attend(
+                q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata, self.scale
+            )
+        if out is None:
+            q, k = attn.backend.prepare_qkv(
+                q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
+            )
+            out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
 

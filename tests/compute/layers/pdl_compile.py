@@ -46,6 +46,9 @@ KERNELS = [
             "TILE_N": 64,
             "DIRECT": False,
             "DOT_PRECISION": "tf32",
+            "ROPE_IN": True,
+            "HAS_NORM": True,
+            "QUERIES_P2": 1,
         },
     ),  # fmt: skip
     (triton_decode._merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),

@@ -10,13 +10,16 @@ from aioworker.compute.layers.attention.torch_backend import TorchAttentionBacke
 __all__ = ["AttentionBackend", "AttentionContext", "TorchAttentionBackend", "select_cuda_backend"]
 
 
-def select_cuda_backend(name: str, block_size: int) -> AttentionBackend:
-    """`auto` and `triton`: our Triton paged decode; `xformers`: xformers' paged decode kernel.
-    Both prefill through FlashAttention-2's varlen kernel."""
+def select_cuda_backend(
+    name: str, block_size: int, rope_in_decode: bool = False
+) -> AttentionBackend:
+    """`auto` and `triton`: our Triton paged decode (`rope_in_decode`: a decode step's norms,
+    rotary and cache write inside it); `xformers`: xformers' paged decode kernel. Both prefill
+    through FlashAttention-2's varlen kernel."""
     if name in ("auto", "triton"):
         from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
 
-        return CudaAttentionBackend(block_size)
+        return CudaAttentionBackend(block_size, rope_in_decode)
     if name == "xformers":
         from aioworker.compute.layers.attention.xformers_backend import XformersAttentionBackend
 

@@ -1,6 +1,8 @@
 """What an attention backend is to the model and the runners: the typed seam every backend
 (torch, Triton, xformers) fills. A model's attention layer calls `prepare_qkv` then `forward`
-with the step's metadata, whose shape only the backend and the runner that builds it agree on."""
+with the step's metadata, whose shape only the backend and the runner that builds it agree on.
+A backend may also have `attend` (same arguments as both together), which does the whole of a
+step's attention in fewer launches where it can and returns None where it cannot."""
 
 from __future__ import annotations
 

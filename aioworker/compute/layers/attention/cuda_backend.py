@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.layers.attention.triton_decode import paged_decode
+from aioworker.compute.layers.attention.triton_decode import RopeIn, paged_decode
 from aioworker.compute.layers.fused import qkv_rope_cache_
 
 try:
@@ -61,8 +61,23 @@ class CudaAttentionBackend:
     # Its decode kernel takes several query tokens per sequence: verify steps read paged KV.
     verifies_paged = True
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, rope_in_decode: bool = False) -> None:
         self.block_size = block_size
+        self.rope_in_decode = rope_in_decode
+
+    def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
+        """A decode step's attention from raw q, k and v, the norms, rotary and cache write
+        inside the decode kernel (device.fused_rope_attention): one launch fewer a layer. None
+        where it does not apply (switched off, or the step prefills): the caller prepares q
+        and k first, then calls forward."""
+        if not self.rope_in_decode or meta.prefill is not None:
+            return None
+        cos, sin = rope
+        q_weight = None if q_norm is None else q_norm.weight
+        k_weight = None if k_norm is None else k_norm.weight
+        eps = q_norm.eps if q_norm is not None else 0.0
+        rope_in = RopeIn(k, v, cos, sin, q_weight, k_weight, eps)
+        return self.decode(q, k_cache, v_cache, meta.decode, scale, rope_in)
 
     def prepare_qkv(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta):
         """Norm, rotary and the cache write in one kernel launch; returns q, k (rotated in place)."""
@@ -98,7 +113,9 @@ class CudaAttentionBackend:
         out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, prefill, scale)
         return out
 
-    def decode(self, q, k_cache, v_cache, part: DecodePart, scale: float) -> torch.Tensor:
+    def decode(
+        self, q, k_cache, v_cache, part: DecodePart, scale: float, rope_in: RopeIn | None = None
+    ) -> torch.Tensor:
         return paged_decode(
             q,
             k_cache,
@@ -108,6 +125,7 @@ class CudaAttentionBackend:
             scale,
             part.num_splits,
             queries=part.queries,
+            rope_in=rope_in,
         )
 
 

@@ -9,17 +9,43 @@ their K/V already written). Keys are visited in tiles of TILE_N tokens gathered 
 table; an online softmax keeps the running max and sum. With several splits, a second small
 kernel merges each query row's partial results by their log-sum-exp.
 
+With `rope_in` (a decode step's attention given its raw q, k and v), the kernel also does what
+fused.qkv_rope_cache_ does before it, so that it needs no launch of its own: each program
+norms and rotates its query rows as it loads them, and writes the step's new keys (normed and
+rotated) and values into the cache where they fall in its own split of the context, before it
+reads that split. No other program reads those positions, so a barrier within the program is
+all the ordering needed.
+
 Cache layout: [num_blocks, block_size, num_kv_heads, head_dim], any block size.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.fused import norm_rope_rows
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
+
+
+@dataclass(frozen=True)
+class RopeIn:
+    """A decode step's raw k and v ([T, Hkv, D] views of the qkv product, head dim contiguous,
+    sharing their token stride with q), the rotary tables (float32 [T, D]) and the optional
+    per-head norms' weights (Qwen3): the kernel norms and rotates q and k itself and writes k
+    and v to the cache."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_weight: torch.Tensor | None
+    k_weight: torch.Tensor | None
+    eps: float
 
 
 @triton.jit
@@ -46,6 +72,15 @@ def _decode_partial(
     stride_l_seq,
     stride_l_head,
     num_splits,
+    k_new_ptr,
+    v_new_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    stride_new_seq,
+    stride_cos,
+    eps,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     ROWS_PAD: tl.constexpr,
@@ -56,6 +91,9 @@ def _decode_partial(
     DIRECT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
+    ROPE_IN: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    QUERIES_P2: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
@@ -82,15 +120,26 @@ def _decode_partial(
     offs_n = tl.arange(0, TILE_N)
     heads = kv_head * GROUP + offs_g
     token = query_start + query
-    q_ptrs = (
-        q_ptr + token[:, None] * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
-    )
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # [R, D]
+    q_rows = q_ptr + token[:, None] * stride_q_seq + heads[:, None] * stride_q_head
+    table = block_tables_ptr + seq * stride_bt_seq
+    if ROPE_IN:
+        q = norm_rope_rows(
+            q_rows, cos_ptr + token[:, None] * stride_cos, sin_ptr + token[:, None] * stride_cos,
+            q_norm_ptr, eps, row_ok[:, None], HEAD_DIM, HAS_NORM,
+        )  # fmt: skip
+        _write_new_kv(
+            k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr,
+            table, kv_head, query_start, num_queries, context_len, tile_start * TILE_N,
+            tile_end * TILE_N, stride_new_seq, stride_cos, stride_k_block, stride_k_slot,
+            stride_k_head, HEAD_DIM, BLOCK_SIZE, HAS_NORM, QUERIES_P2,
+        )  # fmt: skip
+        tl.debug_barrier()  # this program's writes, before it reads them back below
+    else:
+        q = tl.load(q_rows + offs_d[None, :], mask=row_ok[:, None], other=0.0)  # [R, D]
 
     m = tl.full([ROWS_PAD], float("-inf"), tl.float32)  # running max
     total = tl.zeros([ROWS_PAD], tl.float32)  # running sum of exp(score - m)
     acc = tl.zeros([ROWS_PAD, HEAD_DIM], tl.float32)
-    table = block_tables_ptr + seq * stride_bt_seq
     for tile in range(tile_start, tile_end):
         pos = tile * TILE_N + offs_n
         valid = pos < context_len
@@ -130,6 +179,34 @@ def _decode_partial(
         tl.store(o_ptrs, out, mask=row_ok[:, None])
         lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
         tl.store(lse_ptr + token * stride_l_seq + heads * stride_l_head + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _write_new_kv(
+    k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, table,
+    kv_head, query_start, num_queries, context_len, first_pos, end_pos, stride_new_seq,
+    stride_cos, stride_k_block, stride_k_slot, stride_k_head, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HAS_NORM: tl.constexpr, QUERIES_P2: tl.constexpr,
+):  # fmt: skip
+    """The sequence's new tokens (its last num_queries positions) whose positions lie in
+    [first_pos, end_pos): their key of this KV head normed and rotated, and their value, into
+    the cache slots the block table gives."""
+    j = tl.arange(0, QUERIES_P2)
+    pos = context_len - num_queries + j
+    mine = (j < num_queries) & (pos >= first_pos) & (pos < end_pos)
+    token = query_start + j
+    src = token[:, None] * stride_new_seq + kv_head * HEAD_DIM
+    k = norm_rope_rows(
+        k_new_ptr + src, cos_ptr + token[:, None] * stride_cos,
+        sin_ptr + token[:, None] * stride_cos, k_norm_ptr, eps, mine[:, None], HEAD_DIM, HAS_NORM,
+    )  # fmt: skip
+    offs_d = tl.arange(0, HEAD_DIM)[None, :]
+    v = tl.load(v_new_ptr + src + offs_d, mask=mine[:, None], other=0.0)
+    block = tl.load(table + pos // BLOCK_SIZE, mask=mine, other=0)
+    slot = block.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_slot
+    at = slot[:, None] + kv_head * stride_k_head + offs_d
+    tl.store(k_cache_ptr + at, k.to(k_cache_ptr.dtype.element_ty), mask=mine[:, None])
+    tl.store(v_cache_ptr + at, v.to(v_cache_ptr.dtype.element_ty), mask=mine[:, None])
 
 
 @triton.jit
@@ -200,13 +277,15 @@ def paged_decode(
     out: torch.Tensor | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    rope_in: RopeIn | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
     query per sequence (T = B) unless `queries` = (first query row of each sequence [B] int32,
     query count of each [B] int32, the largest count): a sequence's queries are its last
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
-    CUDA graph when `out` and `workspace` are static."""
+    CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
+    the kernel norms and rotates them and writes the new k and v to the cache itself."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -233,6 +312,7 @@ def paged_decode(
         p_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
+    new = _rope_in_arguments(rope_in, q)
     _decode_partial[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
@@ -241,6 +321,7 @@ def paged_decode(
         block_tables.stride(0),
         *p_strides, *l_strides,
         num_splits,
+        *new,
         GROUP=group,
         GROUP_P2=triton.next_power_of_2(group),
         ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
@@ -251,7 +332,11 @@ def paged_decode(
         DIRECT=direct,
         # float32 caches (tests, CPU-exact runs) keep full precision; tf32 would cost 1e-3.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PDL=bool(options), **options,
+        PDL=bool(options),
+        ROPE_IN=rope_in is not None,
+        HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
+        QUERIES_P2=triton.next_power_of_2(max_queries),
+        **options,
     )  # fmt: skip
     if not direct:
         _merge_splits[(num_rows, num_heads)](
@@ -265,3 +350,18 @@ def paged_decode(
             PDL=bool(options), **options,
         )  # fmt: skip
     return out
+
+
+def _rope_in_arguments(rope_in: RopeIn | None, q: torch.Tensor) -> tuple:
+    """The kernel's rope-in arguments: (k, v, cos, sin, q norm, k norm, token stride of k and v,
+    of cos, eps); placeholders of the right kinds where there is none."""
+    if rope_in is None:
+        return (q, q, q, q, q, q, 0, 0, 0.0)
+    k, v, cos = rope_in.k, rope_in.v, rope_in.cos
+    if k.stride() != v.stride() or k.stride(2) != 1 or k.stride(1) != k.shape[2]:
+        raise ValueError("rope_in's k and v must be laid out alike, each head's values contiguous")
+    if rope_in.sin.stride() != cos.stride():
+        raise ValueError("rope_in's cos and sin must be laid out alike")
+    q_weight = rope_in.q_weight if rope_in.q_weight is not None else cos
+    k_weight = rope_in.k_weight if rope_in.k_weight is not None else cos
+    return (k, v, cos, rope_in.sin, q_weight, k_weight, k.stride(0), cos.stride(0), rope_in.eps)

@@ -201,23 +201,27 @@ def prompts() -> list[list[int]]:
     return [torch.randint(0, 384, (n,), generator=g).tolist() for n in (4, 19, 33, 60)]
 
 
-def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(tmp_path) -> None:
-    """The whole model in float32, where both paths multiply in float32 (no TF32)."""
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: q/k norms in the fused rotary
+def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(arch, tmp_path) -> None:
+    """The whole model in float32, where both paths multiply in float32 (no TF32), in CUDA
+    graphs: the kernels off, on, and on with each fusion still off by default added in turn
+    (the add and norm in the products, rotary and the cache write in decode attention,
+    programmatic dependent launch)."""
     from aioworker.core.sampling_params import SamplingParams
     from tests.tiny_models import build_tiny_model
 
-    build_tiny_model("llama", tmp_path, logit_scale=4.0)
+    build_tiny_model(arch, tmp_path, logit_scale=4.0)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    added = ["device.fused_norm_products", "device.fused_rope_attention", "device.pdl"]
     outputs = []
-    # Off; on; with the add and norm fused in; and with programmatic dependent launch too.
-    for kernels, fuse_norm, pdl in ((0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 1, 1)):
-        switches = {"device.fused_norm_products": bool(fuse_norm), "device.pdl": bool(pdl)}
-        engine = tiny_engine(tmp_path, "none", bool(kernels), **switches)
+    for kernels, on in ((False, 0), (True, 0), (True, 1), (True, 2), (True, 3)):
+        switches = {name: i < on for i, name in enumerate(added)}
+        engine = tiny_engine(tmp_path, "none", kernels, **switches)
         try:
             outputs.append([c.token_ids for c in engine.generate(prompts(), params)])
         finally:
             engine.close()
-    assert outputs[0] == outputs[1] == outputs[2] == outputs[3]
+    assert all(tokens == outputs[0] for tokens in outputs[1:])
 
 
 def dequantized_values(layer) -> torch.Tensor:
