@@ -15,6 +15,8 @@
 #                                 dependent launch), and the composed GPU tests
 #   tools/gpu_issue22.sh together W4 (bf16, fp8) with all three on against the defaults, and W4
 #                                 of every format with the kernels off against on
+#   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
+#                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
 set -uo pipefail
@@ -102,6 +104,16 @@ case "${1:-}" in
     w4 none,fp8,wint8,wint4 240 kernels
     for name in all kernels; do echo "== w4 $name"; tail -10 "$out/w4_$name.log"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together" >&2; exit 2 ;;
+  profile)  # kernels per step and GPU time, the defaults against all three fusions on
+    fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
+    for model in qwen3-0.6b llama-3.1-8b; do
+      timeout 100 python3 tools/profile_step.py --model "$model" --small-batch-kernels \
+        > "$out/profile_${model}_defaults.log" 2>&1
+      timeout 100 python3 tools/profile_step.py --model "$model" --small-batch-kernels $fusions \
+        > "$out/profile_${model}_fused.log" 2>&1
+    done
+    for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
+    ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile" >&2; exit 2 ;;
 esac
 exit 0

@@ -2,7 +2,7 @@
 their GPU time, the top kernels, and the host-side split (scheduler vs executor).
 
     python tools/profile_step.py [--model qwen3-0.6b|llama-3.1-8b] [--batch 1]
-        [--quantization fp8] [--small-batch-kernels]
+        [--quantization fp8] [--small-batch-kernels] [--set device.pdl=true ...]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from aioworker.bench.gpu import MODELS, make_engine, random_prompt
+from aioworker.cli.common import parse_settings
 from aioworker.core.sampling_params import SamplingParams
 
 
@@ -25,6 +26,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--small-batch-kernels", action="store_true")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key"
+    )
     args = parser.parse_args()
     engine = make_engine(
         MODELS / args.model,
@@ -32,6 +36,7 @@ def main() -> None:
         **{
             "model.quantization": args.quantization,
             "device.small_batch_kernels": args.small_batch_kernels,
+            **parse_settings(args.set, "--set"),
         },
     )
     rng = random.Random(0)
