@@ -88,7 +88,7 @@ case "${1:-}" in
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
     cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
-    echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; tail -30 "$out/gemv_tune.log"
+    echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -8; tail -30 "$out/gemv_tune.log"
     ;;
   candidates)
     w4 none,fp8 130 norm --w4-candidate device.fused_norm_products=true
