@@ -90,3 +90,27 @@ def test_formats_without_kernels_are_left_as_they_are() -> None:
     other = Other()
     assert small_rows(other) is other
     assert small_rows(small_rows(UNQUANTIZED)).inner is UNQUANTIZED
+
+
+def test_a_weights_update_is_multiplied_by_the_kernels(tmp_path) -> None:
+    """The kernels read the layer's tensors at each call: after stage and commit, greedy tokens
+    are the new weights' (a fresh engine without the kernels), the add and norm fused in too."""
+    from aioworker.core.weights_phase import WeightsPhase
+
+    build_tiny_model("qwen3", tmp_path / "old", seed=0, logit_scale=4.0)
+    build_tiny_model("qwen3", tmp_path / "new", seed=1, logit_scale=4.0)
+    prompts = [[3, 4, 5], [10, 11, 12, 13, 14, 15]]
+    want = greedy(tmp_path / "new", prompts, kernels=False)
+    switches = {"device.small_batch_kernels": True, "device.fused_norm_products": True}
+    engine = make_engine(tmp_path / "old", **SETTINGS, **switches)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        before = [c.token_ids for c in engine.generate(prompts, params)]
+        for phase in (
+            WeightsPhase(op="stage", path=str(tmp_path / "new")),
+            WeightsPhase(op="commit"),
+        ):
+            assert engine.executor.run_weights_phase(phase).result() == 0
+        assert [c.token_ids for c in engine.generate(prompts, params)] == want != before
+    finally:
+        engine.close()
