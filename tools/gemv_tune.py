@@ -82,7 +82,7 @@ def candidates(
     channels: int, depth: int, gated: bool, dot: bool, sms: int, fmt: str = "none"
 ) -> list[Tiles]:
     """Tilings that give the device between half a program and 16 programs per SM; for fp8,
-    each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each FMA
+    each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each
     tiling also widening by bit operations (bits), and each split one also folded (fold)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
@@ -96,7 +96,7 @@ def candidates(
         found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4))
         if dot and fmt == "fp8":
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, a8=True))
-        if not dot and fmt != "none":
+        if fmt != "none":
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, bits=True))
         if splits > 1:
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, fold=True))
@@ -105,8 +105,8 @@ def candidates(
 
 def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
-    (a8 for fp8's dot tiles, bits for a quantized format's FMA tiles, fold for split K, and
-    with programmatic dependent launch on, prefetch)."""
+    (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, and with
+    programmatic dependent launch on, prefetch)."""
     r = dataclasses.replace
     found = [
         base,
@@ -119,8 +119,10 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     ]
     if base.dot and fmt == "fp8":
         found.append(r(base, a8=not base.a8))
-    if not base.dot and fmt != "none":
+    if fmt != "none":
         found.append(r(base, bits=not base.bits))
+        if fmt == "wint4" and base.dot and not base.bits:  # bits dot tiles: one group a step
+            found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
     if pdl_on:

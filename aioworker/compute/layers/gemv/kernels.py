@@ -39,7 +39,7 @@ from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kerne
 from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
-from aioworker.compute.layers.gemv.weight_tiles import weight_tile
+from aioworker.compute.layers.gemv.weight_tiles import int4_group_scales, int4_values, weight_tile
 
 
 @triton.jit
@@ -177,14 +177,15 @@ def _prefetch_rows(w_ptr, w_rows, in_range, first_unit, stride_w, LINES: tl.cons
 @triton.jit
 def _stored_step(
     gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows, num_rows, num_channels, k0, stride_x, stride_w, stride_group_row,
-    stride_group, depth, tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
-    INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
+    num_rows, num_channels, k0, stride_x, stride_w, stride_group_row, stride_group, depth,
+    tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, A8: tl.constexpr,
+    BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """One step of K: x's rows (normed: add_norm.py), W's tile (and the up rows' when GATED)
-    widened, accumulated."""
+    """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
+    GATED), accumulated."""
     ks = k0 + tl.arange(0, BLOCK_K)
     x_mask = rows[:, None] < num_rows
     k_mask = ks[None, :] < depth
@@ -200,20 +201,48 @@ def _stored_step(
     x_scale = squares_sum  # unused unless A8
     if A8:
         x, x_scale = _e4m3_rows(x)
-    w = weight_tile(
-        w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
-        stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
-        INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+    gate_acc = _rows_step(
+        gate_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
+        stride_w, stride_group_row, stride_group, depth, tile_dtype, DOT, IEEE, A8, BITS,
+        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, A8)
     if GATED:
-        w_up = weight_tile(
-            w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range,
-            k0, stride_w, stride_group_row, stride_group, depth, tile_dtype, BITS,
-            EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        up_acc = _rows_step(
+            up_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr,
+            channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
+            depth, tile_dtype, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+            INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        up_acc = _accumulate(up_acc, x, x_scale, w_up, DOT, IEEE, A8)
     return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _rows_step(
+    acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+    stride_group_row, stride_group, depth, tile_dtype, DOT: tl.constexpr, IEEE: tl.constexpr,
+    A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """acc plus x times W's rows `w_rows` over one step of K: the tile widened then multiplied,
+    or for int4 on tensor cores with BITS, q - 8 multiplied as is and the step's group scale and
+    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling."""
+    if INT4_GROUP > 0 and DOT and BITS:
+        q = int4_values(w_ptr, w_rows, in_range, k0, stride_w, depth, tile_dtype, BITS, EVEN_K,
+                        INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K)  # fmt: skip
+        sums = _accumulate(tl.zeros(acc.shape, dtype=tl.float32), x, x_scale, q, DOT, IEEE, A8)
+        s, o = int4_group_scales(group_scale_ptr, group_offset_ptr, w_rows, in_range, k0,
+                                 stride_group_row, stride_group, depth, INT4_GROUP)  # fmt: skip
+        x_sums = tl.sum(x.to(tl.float32), axis=1)
+        acc += sums * s[:, None] + o[:, None] * x_sums[None, :]
+    else:
+        w = weight_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+            stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
+            INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
+    return acc
 
 
 @triton.jit

@@ -60,8 +60,7 @@ def small_rows_product(
         raise ValueError("the FMA tiles multiply one row only")
     if tiles.a8 and (weight.dtype != torch.float8_e4m3fn or not tiles.dot):
         raise ValueError(f"a8 tiles multiply e4m3 weights on tensor cores, not {weight.dtype}")
-    if tiles.bits and tiles.dot:
-        raise ValueError("bits tiles widen weights to float32 for the FMA tiles, not the dot's")
+
     if gated and bias is not None:
         raise ValueError("a gated product takes no bias")
     if add_norm is not None:
@@ -90,6 +89,10 @@ def small_rows_product(
             raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
         if not tiles.dot and tiles.block_k % group:
             raise ValueError(f"FMA tiles on int4 take whole groups: BLOCK_K {tiles.block_k}")
+        if tiles.dot and tiles.bits and group % tiles.block_k:
+            raise ValueError(
+                f"bits dot tiles on int4 take one group a step: BLOCK_K {tiles.block_k}"
+            )
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
     row_groups = not tiles.dot and group > 0
     acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k

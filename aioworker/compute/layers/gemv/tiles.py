@@ -13,8 +13,9 @@ class Tiles:
     """`dot`: tensor cores, or elementwise FMA (one row only); then output channels per
     program, K per loop step, K slices, and Triton's warps and pipeline stages. `a8` (e4m3
     weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
-    cores (kernels.py). `bits` (quantized weights, FMA tiles): widened to float32 by bit
-    operations, not conversion instructions (widening.py). `fold`: split K's partial sums added
+    cores (kernels.py). `bits` (quantized weights): widened by bit operations, not conversion
+    instructions (widening.py); int4 on tensor cores then takes one group a step and scales
+    the sums, not the values. `fold`: split K's partial sums added
     by the last of a tile's programs to arrive, not by a second kernel (kernels.py).
     `prefetch` (with device.pdl): each program fetches its first step of W into L2 while it
     waits on the kernel before."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble
+from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble_as
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def weight_tile(
             stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
             INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-    return exact_float32(w) if BITS else w.to(compute_dtype)
+    return exact_float32(w).to(compute_dtype) if BITS else w.to(compute_dtype)
 
 
 @triton.jit
@@ -54,24 +54,11 @@ def _int4_tile(
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """W's rows at columns k0 .. k0 + BLOCK_K from 4-bit values, dequantized (float32)."""
-    units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
-    mask = in_range[:, None]
-    if not EVEN_K:
-        mask = mask & (units[None, :] < depth // INT4_PER_UNIT)
-    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + units[None, :], mask=mask, other=0)
-    place = tl.arange(0, INT4_PER_UNIT)
-    shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
-    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
-    signed = signed_nibble(q.to(tl.int32)) if BITS else q.to(tl.float32) - 8.0  # q - 8
-    q = tl.reshape(signed, (BLOCK_N, BLOCK_K))
-    # Columns past K are zeros of x and their weights zeros too: no scale is read past K (a
-    # stray inf or NaN there would poison the sum).
+    q = int4_values(w_ptr, w_rows, in_range, k0, stride_w, depth, tl.float32, BITS, EVEN_K,
+                    INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K)  # fmt: skip
     if BLOCK_K <= INT4_GROUP:
-        group = tl.zeros_like(w_rows) + k0 // INT4_GROUP
-        at = w_rows * stride_group_row + group * stride_group
-        group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
-        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+        s, o = int4_group_scales(group_scale_ptr, group_offset_ptr, w_rows, in_range, k0,
+                                 stride_group_row, stride_group, depth, INT4_GROUP)  # fmt: skip
         w = q * s[:, None] + o[:, None]
     else:
         GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
@@ -83,3 +70,38 @@ def _int4_tile(
         q3 = tl.reshape(q, (BLOCK_N, GROUPS, INT4_GROUP))
         w = tl.reshape(q3 * s[:, :, None] + o[:, :, None], (BLOCK_N, BLOCK_K))
     return w
+
+
+@triton.jit
+def int4_values(
+    w_ptr, w_rows, in_range, k0, stride_w, depth, dtype: tl.constexpr, BITS: tl.constexpr,
+    EVEN_K: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's 4-bit values q at columns k0 .. k0 + BLOCK_K as q - 8 in `dtype`: by bit operations
+    with BITS (widening.py), else by conversion. Units past K read as 0 (then q - 8 = -8: the
+    columns of x there are zeros)."""
+    units = k0 // INT4_PER_UNIT + tl.arange(0, BLOCK_K // INT4_PER_UNIT)
+    mask = in_range[:, None]
+    if not EVEN_K:
+        mask = mask & (units[None, :] < depth // INT4_PER_UNIT)
+    packed = tl.load(w_ptr + w_rows[:, None] * stride_w + units[None, :], mask=mask, other=0)
+    place = tl.arange(0, INT4_PER_UNIT)
+    shifts = 4 * place if INT4_LOW_FIRST else 4 * (INT4_PER_UNIT - 1 - place)
+    q = ((packed[:, :, None] >> shifts[None, None, :]) & 0xF).to(tl.int32)
+    signed = signed_nibble_as(q, dtype) if BITS else (q.to(tl.float32) - 8.0).to(dtype)
+    return tl.reshape(signed, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def int4_group_scales(group_scale_ptr, group_offset_ptr, w_rows, in_range, k0,
+                      stride_group_row, stride_group, depth, INT4_GROUP: tl.constexpr):  # fmt: skip
+    """The scale and offset [BLOCK_N] (float32) of the group of K holding column k0, per row.
+    Columns past K are zeros of x and their weights zeros too: no scale is read past K (a stray
+    inf or NaN there would poison the sum)."""
+    group = tl.zeros_like(w_rows) + k0 // INT4_GROUP
+    at = w_rows * stride_group_row + group * stride_group
+    group_mask = in_range & (group < depth // INT4_GROUP)  # a last split's tile may be past K
+    s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+    o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+    return s, o

@@ -9,7 +9,8 @@ integer operations on the bits and one float add or multiply:
 
 - int8 q: the float whose bits are 0x4B000000 | (q + 128) is 2^23 + 128 + q, exactly; subtract.
 - a 4-bit q (0..15): 0x4B000000 | q is 2^23 + q; subtracting 2^23 + 8 gives q - 8, the signed
-  value the int4 formats scale.
+  value the int4 formats scale. In bf16 (0x4300 | q is 128 + q) and fp16 (0x6400 | q is
+  1024 + q) the same, two bytes a value, for the tensor cores.
 - e4m3 (sign, 4 exponent bits e, 3 mantissa bits m): placing its 7 low bits at bits 20..26 of a
   float32 gives 2^(e - 127) (1 + m/8), or for e = 0 the float32 subnormal (m/8) 2^-126: either
   way the value times 2^-120. One multiply by 2^120 restores it exactly. (e4m3fn's NaN byte
@@ -45,3 +46,16 @@ def exact_float32(tile):
 def signed_nibble(bits):
     """Int32 values q in 0..15 as the float32 q - 8."""
     return (bits | MAGIC).to(tl.float32, bitcast=True) - (TWO_TO_23 + 8.0)
+
+
+@triton.jit
+def signed_nibble_as(bits, dtype: tl.constexpr):
+    """Int32 values q in 0..15 as q - 8 in `dtype`, exactly: in bf16 the bits 0x4300 | q are
+    128 + q (seven mantissa bits hold 0..15), in fp16 0x6400 | q is 1024 + q."""
+    if dtype == tl.bfloat16:
+        values = (bits.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True) - 136.0
+    elif dtype == tl.float16:
+        values = (bits.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1032.0
+    else:
+        values = signed_nibble(bits)
+    return values.to(dtype)

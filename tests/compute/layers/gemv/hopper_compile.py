@@ -56,14 +56,16 @@ PRODUCT_ARGS = [
 def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool, norm: str):
     """norm: "" (none), "norm" (the norm fused, no residual), "add+norm" (both)."""
     int4 = fmt.startswith("int4")
+    # bits: the FMA tiles' split variant, and int4's dot tiles (one group a step) with the norm.
+    bits = (not dot and split) or (dot and int4 and norm == "norm")
     block_m, block_k = (16, 64) if dot else (1, 128)
     constants = {
         "SCALED": fmt in ("e4m3", "int8"), "HAS_BIAS": not gated, "GATED": gated, "DOT": dot,
-        "IEEE": False, "INT4_GROUP": 32 if int4 else 0,
+        "IEEE": False, "INT4_GROUP": (64 if dot and bits else 32) if int4 else 0,
         "INT4_PER_UNIT": {"int4": 2, "int4-words": 8}.get(fmt, 1),
         "INT4_LOW_FIRST": fmt == "int4-words", "NORMED": bool(norm),
         "HAS_RESIDUAL": norm == "add+norm", "A8": fmt == "e4m3" and dot and split,
-        "BITS": not dot and split,
+        "BITS": bits,
         "SPLIT": split, "FOLD": split and dot, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot,
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,

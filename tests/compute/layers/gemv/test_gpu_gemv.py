@@ -152,6 +152,30 @@ def test_a8_tiles_equal_their_rows_quantized_per_slice() -> None:
     assert not failures
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "int8", "int4", "int4-words"])
+def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
+    """Weights widened by bit operations (widening.py), on the FMA tiles at one row and on the
+    tensor cores at 1 to 8 (int4 there: bf16 0x4300 | q, group sums scaled), 8B shapes."""
+    from aioworker.compute.layers.gemv.product import small_rows_product
+    from aioworker.compute.layers.gemv.tiles import Tiles
+
+    failures = []
+    for channels, depth, gated in [(6144, 4096, False), (28672, 4096, True), (4096, 14336, False)]:
+        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+        weight, scale, groups, values = stored(dense, fmt)
+        cuts = [Tiles(dot=False, block_n=16, block_k=512, splits=2, bits=True),
+                Tiles(block_n=64, block_k=32, splits=4, bits=True)]  # fmt: skip
+        for rows in (1, 3, 8):
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            want = reference(x, values, gated)
+            for tiles in cuts[rows > 1 :]:
+                got = small_rows_product(x, weight, tiles, scale, gated, int4_groups=groups)
+                error = ((got.float() - want).norm() / want.norm()).item()
+                if error > 1e-2:
+                    failures.append((channels, depth, gated, rows, tiles, error))
+    assert not failures
+
+
 def test_a_graph_of_the_products_equals_eager() -> None:
     from aioworker.compute.layers.gemv.add_norm_input import AddNorm
     from aioworker.compute.layers.gemv.product import small_rows_product

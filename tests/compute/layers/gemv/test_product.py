@@ -317,3 +317,47 @@ def test_folding_splits_leave_every_arrival_count_at_zero() -> None:
         got = small_rows_product(x, weight, tiles, gated=gated)
         torch.testing.assert_close(got, reference(x, weight, gated=gated), rtol=1e-4, atol=1e-4)
     assert not product._arrival_counts(x.device).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, bits=True),
+                                   Tiles(block_n=32, block_k=16, splits=3, bits=True)])  # fmt: skip
+def test_bits_dot_tiles_scale_int4_sums_per_group(dtype: torch.dtype, tiles: Tiles) -> None:
+    """int4 on tensor cores with bits: q - 8 made by bit operations in the rows' dtype (fp16:
+    0x6400 | q), multiplied as is, each group's scale and offset applied to the sums."""
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_rows,
+        quantize_int4_rows,
+    )
+
+    g = torch.Generator().manual_seed(5)
+    x, dense = torch.randn(6, 224, generator=g), torch.randn(2 * 27, 224, generator=g)
+    packed, scales, offsets = quantize_int4_rows(dense)
+    groups = (scales.to(DEVICE, dtype), offsets.to(DEVICE, dtype))
+    got = small_rows_product(x.to(DEVICE, dtype), packed.to(DEVICE), tiles, gated=True,
+                             int4_groups=groups)  # fmt: skip
+    want = reference(x.to(dtype), dequantize_int4_rows(packed, *(t.cpu() for t in groups)),
+                     gated=True)  # fmt: skip
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want, rtol=tolerance, atol=tolerance)
+
+
+def test_bits_dot_tiles_on_int4_take_one_group_a_step() -> None:
+    from aioworker.compute.layers.quantized.weight_only import quantize_int4_rows
+
+    packed, scales, offsets = quantize_int4_rows(torch.randn(8, 128))
+    with pytest.raises(ValueError, match="one group a step"):
+        small_rows_product(torch.randn(2, 128), packed, Tiles(block_k=64, bits=True),
+                           int4_groups=(scales, offsets))  # fmt: skip
+
+
+@pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, bits=True)])
+def test_bits_dot_tiles_widen_e4m3_and_int8_exactly(tiles: Tiles) -> None:
+    e4m3_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    e4m3 = e4m3_bytes.view(E4M3)[torch.randperm(254)[:192]].reshape(3, 64)
+    int8 = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)[:192]].reshape(3, 64)
+    x = torch.randn(4, 64)
+    for weight in (e4m3, int8):
+        scale = torch.rand(3) + 0.5
+        got = small_rows_product(x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE))
+        torch.testing.assert_close(got.cpu(), reference(x, weight, scale), rtol=1e-5, atol=1e-5)
