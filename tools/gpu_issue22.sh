@@ -19,6 +19,8 @@
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
+# After a kernel change, in this order: `refine` (commit the table it writes), `candidates`,
+# then `together` or `profile`; a feature goes on by default only where W4 measured it faster.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
