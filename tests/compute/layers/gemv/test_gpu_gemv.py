@@ -176,7 +176,12 @@ def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
     assert not failures
 
 
-def test_a_graph_of_the_products_equals_eager() -> None:
+@pytest.mark.parametrize("pdl_on", [False, True])
+def test_a_graph_of_the_products_equals_eager(pdl_on: bool) -> None:
+    """Back to back in a graph, as a step's products run: split, folded, normed; with
+    programmatic dependent launch, each overlapping the one before (and prefetching W), the
+    products equal eager ones launched without it."""
+    from aioworker.compute.layers import pdl
     from aioworker.compute.layers.gemv.add_norm_input import AddNorm
     from aioworker.compute.layers.gemv.product import small_rows_product
     from aioworker.compute.layers.gemv.tiles import Tiles
@@ -185,7 +190,7 @@ def test_a_graph_of_the_products_equals_eager() -> None:
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
     residual, norm_weight = torch.randn_like(x), torch.rand(4096, device="cuda").bfloat16()
     cuts = [Tiles(splits=1), Tiles(splits=4), Tiles(block_n=32, splits=8),
-            Tiles(splits=4, fold=True)]  # fmt: skip
+            Tiles(splits=4, fold=True), Tiles(splits=2, prefetch=True)]  # fmt: skip
 
     def run():
         plain = [small_rows_product(x, weight, t, gated=g) for t in cuts for g in (False, True)]
@@ -194,9 +199,13 @@ def test_a_graph_of_the_products_equals_eager() -> None:
         return plain + normed + [add_norm.residual_out]
 
     eager = run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
+    try:
+        pdl.enable(pdl_on)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run()
+    finally:
+        pdl.enable(False)
     x.copy_(torch.randn_like(x))
     graph.replay()
     for got, want in zip(captured, run(), strict=True):
