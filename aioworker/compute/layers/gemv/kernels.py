@@ -4,16 +4,17 @@ time to read W once, so the kernel is built around streaming W.
 - Each program owns BLOCK_N output channels and one slice of K (split K where there are too
   few channel tiles to give every SM of the device several programs); its slice of W is read
   once and serves every row of x.
-- Two ways to multiply, picked per shape by measurement (configs.py):
+- Two ways to multiply, picked per shape by measurement (choice.py, tiles.py):
   - DOT: tensor cores, W as the left operand (y^T = W x^T), x padded to 16 rows. Padding costs
     nothing that matters here, and Triton pipelines the loads that feed a dot.
   - FMA (one row only): products accumulate elementwise in a [BLOCK_N, BLOCK_K] tile, summed
     once at the end, so the loop does no cross-lane reductions.
-- A weight format is a variant, not a copy: `weight_tile` (weight_tiles.py) loads and widens a tile (bf16 as
-  is; e4m3 and int8 widened exactly to bf16; int4 unpacked and dequantized per group of K in
-  registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
+- A weight format is a variant, not a copy: `weight_tile` (weight_tiles.py) loads and widens a
+  tile (bf16 as is; e4m3 and int8 widened exactly; int4 unpacked and dequantized per group of K
+  in registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
   checkpoint), and a per-output-channel scale multiplies the sum, since it factors out of the
-  sum over K.
+  sum over K. BITS widens by bit operations instead of conversion instructions (widening.py);
+  int4 on tensor cores then multiplies q - 8 as is and scales each group's sums.
 - A8 (e4m3 weights, DOT tiles): each step's slice of every row of x is quantized to e4m3 with
   a scale of its own (its largest magnitude to e4m3's 448), and the e4m3 weights multiply it on
   fp8 tensor cores as stored: no weight element is widened, which is what bounds e4m3 with
@@ -24,10 +25,12 @@ time to read W once, so the kernel is built around streaming W.
   reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
 - NORMED computes the product of rms_norm(x + residual) instead of x (add_norm.py): a decoder
   layer's residual add and RMSNorm inside its qkv and gate/up products.
-- Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); `reduce_kernel`
-  adds them, then normalizes, scales, gates and rounds, or with FOLD the last of a tile's
-  programs to arrive does, counted by an atomic, and no second kernel is launched. With one
-  split the product kernel does that itself.
+- Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); a second
+  kernel adds them, then normalizes, scales, gates and rounds, or with FOLD the last of a tile's
+  programs to arrive does, counted by an atomic (finish.py). With one split the product kernel
+  does that itself.
+- PDL (layers/pdl.py): the kernel waits on the one before it before touching x, and with
+  PREFETCH_LINES fetches its first step of W into L2 while it waits.
 """
 
 from __future__ import annotations
