@@ -277,16 +277,16 @@ BITS_TILES = [Tiles(dot=False, block_n=16, block_k=64, bits=True),
               Tiles(dot=False, block_n=8, block_k=32, splits=3, bits=True)]  # fmt: skip
 
 
-@pytest.mark.parametrize("tiles", BITS_TILES)
+@pytest.mark.parametrize("tiles", [*BITS_TILES, Tiles(block_n=16, block_k=32, bits=True)])
 def test_bits_widen_every_e4m3_and_int8_value_exactly(tiles: Tiles) -> None:
     """Every e4m3 byte but NaN (subnormals, both zeros) and every int8 value, widened by bit
-    operations (widening.py): the product equals the one of the values widened by torch."""
+    operations (widening.py), to float32 for the FMA tiles and then to the rows' dtype for the
+    tensor cores: the product equals the one of the values widened by torch."""
     e4m3_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
-    e4m3 = e4m3_bytes.view(E4M3)[torch.randperm(254)[:240]].reshape(3, 80)
-    int8 = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)[:240]].reshape(3, 80)
-    x = torch.randn(1, 80)
+    e4m3 = e4m3_bytes.view(E4M3)[torch.randperm(254)].reshape(2, 127)
+    int8 = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)].reshape(2, 128)
     for weight in (e4m3, int8):
-        scale = torch.rand(3) + 0.5
+        x, scale = torch.randn(4 if tiles.dot else 1, weight.shape[1]), torch.rand(2) + 0.5
         got = small_rows_product(x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE))
         torch.testing.assert_close(got.cpu(), reference(x, weight, scale), rtol=1e-5, atol=1e-5)
 
@@ -349,15 +349,3 @@ def test_bits_dot_tiles_on_int4_take_one_group_a_step() -> None:
     with pytest.raises(ValueError, match="one group a step"):
         small_rows_product(torch.randn(2, 128), packed, Tiles(block_k=64, bits=True),
                            int4_groups=(scales, offsets))  # fmt: skip
-
-
-@pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, bits=True)])
-def test_bits_dot_tiles_widen_e4m3_and_int8_exactly(tiles: Tiles) -> None:
-    e4m3_bytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
-    e4m3 = e4m3_bytes.view(E4M3)[torch.randperm(254)[:192]].reshape(3, 64)
-    int8 = torch.arange(-128, 128, dtype=torch.int8)[torch.randperm(256)[:192]].reshape(3, 64)
-    x = torch.randn(4, 64)
-    for weight in (e4m3, int8):
-        scale = torch.rand(3) + 0.5
-        got = small_rows_product(x.to(DEVICE), weight.to(DEVICE), tiles, scale.to(DEVICE))
-        torch.testing.assert_close(got.cpu(), reference(x, weight, scale), rtol=1e-5, atol=1e-5)
