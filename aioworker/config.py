@@ -392,8 +392,24 @@ class WorkerConfig(_Section):
                 "it must be in (0, 1]"
             )
 
+        self._check_device()
         self._check_launcher()
         self._check_api()
+
+    def _check_device(self) -> None:
+        """Switches that refine another: set without it they would do nothing, silently."""
+        device = self.device
+        if device.fused_norm_products and not device.small_batch_kernels:
+            raise ConfigError(
+                "device.fused_norm_products fuses the norm into the small-batch kernels; set "
+                "device.small_batch_kernels = true, or fused_norm_products = false"
+            )
+        if device.fused_rope_attention and device.attention_backend not in ("auto", "triton"):
+            raise ConfigError(
+                "device.fused_rope_attention runs inside our Triton decode kernel; set "
+                f"device.attention_backend to auto or triton (it is "
+                f"{device.attention_backend!r}), or fused_rope_attention = false"
+            )
 
     def _check_launcher(self) -> None:
         launcher = self.launcher
