@@ -195,7 +195,10 @@ def _build_runner(
     Returns the runner, its weights, the number of KV cache blocks, what the weights amount
     to, and the host KV tier's size."""
     config, device = build.config, build.device
-    pdl.enable(config.device.pdl and device.type == "cuda" and _hopper_or_later(device))
+    pdl_on = config.device.pdl and device.type == "cuda" and _hopper_or_later(device)
+    if config.device.pdl and not pdl_on:
+        log.warning("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
+    pdl.enable(pdl_on)
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
