@@ -36,7 +36,7 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
 }
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
   local budget="$1"; shift
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
     tests/compute/layers/test_pdl.py > "$out/gemv_tests.log" 2>&1
   timeout $(( budget + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
     --budget-s "$budget" --write-table "$@" > "$out/gemv_tune.log" 2>&1
@@ -86,7 +86,7 @@ case "${1:-}" in
     echo "== profile"; head -24 "$out/profile.log"
     ;;
   refine)
-    tune 300 --refine "${@:2}"
+    tune 260 --refine "${@:2}"
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
     cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
