@@ -66,7 +66,7 @@ case "${1:-}" in
     echo "== w4"; tail -12 "$out/w4_a.log"
     ;;
   tune)
-    tune 330
+    tune 280
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
     cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
