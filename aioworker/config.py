@@ -109,10 +109,10 @@ class DeviceOptions(_Section):
     # each may start while the one before it finishes (compute/layers/pdl.py). Off until the
     # H200 measures it (docs/benchmarks.md, W4).
     pdl: bool = False
-    # CUDA, attention_backend auto or triton: a decode step's q/k norms, rotary and KV cache
-    # write done inside the paged decode kernel (one launch fewer a layer). Off until the H200
-    # measures it (docs/benchmarks.md, W4).
-    fused_rope_attention: bool = False
+    # CUDA, attention_backend auto or triton (other backends ignore it): a decode step's q/k
+    # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
+    # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
+    fused_rope_attention: bool = True
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -403,12 +403,6 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 "device.fused_norm_products fuses the norm into the small-batch kernels; set "
                 "device.small_batch_kernels = true, or fused_norm_products = false"
-            )
-        if device.fused_rope_attention and device.attention_backend not in ("auto", "triton"):
-            raise ConfigError(
-                "device.fused_rope_attention runs inside our Triton decode kernel; set "
-                f"device.attention_backend to auto or triton (it is "
-                f"{device.attention_backend!r}), or fused_rope_attention = false"
             )
 
     def _check_launcher(self) -> None:

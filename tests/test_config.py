@@ -30,10 +30,6 @@ def test_shipped_default_config_loads() -> None:
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",
             "set device.small_batch_kernels = true",
         ),
-        (
-            "[device]\nattention_backend = 'xformers'\nfused_rope_attention = true\n",
-            "attention_backend to auto or triton",
-        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:

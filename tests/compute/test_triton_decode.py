@@ -167,4 +167,9 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
         outputs.append(out.cpu())
         caches.append((kc.cpu(), vc.cpu()))
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(caches[1][0], caches[0][0]) and torch.equal(caches[1][1], caches[0][1])
+    # The same bits under the interpreter; on a GPU the norm's sum over a head may add in
+    # another order for a block of rows than for one head: the last bit may differ.
+    exact = DEVICE == "cpu" or not with_norm
+    tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-6, "atol": 1e-6}
+    for got, want in zip(caches[1], caches[0], strict=True):
+        torch.testing.assert_close(got, want, **tolerance)

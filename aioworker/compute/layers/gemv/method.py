@@ -12,6 +12,7 @@ takes a product's input before the layer's residual add and RMSNorm and does the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class SmallRows:
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
         self.operands = OPERANDS[type(inner)]
         self.devices = kernel_devices()
+        self.stages: dict[tuple, int] = {}  # pipeline stages that fit, by tiling and rows
 
     def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
         self.inner.create_weights(layer, out_features, in_features)
@@ -118,10 +120,24 @@ class SmallRows:
         tiles = tiles_for(rows.shape[0], operands.weight, gated)
         if tiles is None:
             return None
+        from triton.runtime.errors import OutOfResources
+
         from aioworker.compute.layers.gemv.product import small_rows_product
 
-        return small_rows_product(rows.contiguous(), operands.weight, tiles, operands.scale,
-                                  gated, bias, operands.int4_groups, add_norm)  # fmt: skip
+        # A tiling tuned for bf16 rows may need more shared memory than an SM has with float32
+        # rows or the norm's extra operands: fewer pipeline stages, else torch's product.
+        key = (tiles, x.dtype, gated, add_norm is not None)
+        for stages in dict.fromkeys((self.stages.get(key, tiles.num_stages), 2, 1)):
+            try:
+                y = small_rows_product(rows.contiguous(), operands.weight,
+                                       dataclasses.replace(tiles, num_stages=stages),
+                                       operands.scale, gated, bias, operands.int4_groups,
+                                       add_norm)  # fmt: skip
+            except OutOfResources:
+                continue
+            self.stages[key] = stages
+            return y
+        return None
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
