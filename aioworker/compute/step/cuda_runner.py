@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aioworker.compute.layers import pdl
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.cuda_backend import (
     CudaAttentionMetadata,
@@ -132,7 +133,11 @@ class CudaModelRunner(ModelRunner):
     def graph_forward(
         self, token_ids, positions, rows, query_lens, num_splits: int
     ) -> torch.Tensor:
-        return self._decode_forward(self.model, token_ids, positions, rows, query_lens, num_splits)
+        # Captured (and warmed) with programmatic dependent launch only up to its batch limit.
+        with pdl.for_graph_batch(len(rows)):
+            return self._decode_forward(
+                self.model, token_ids, positions, rows, query_lens, num_splits
+            )
 
     def draft_graph_forward(
         self, token_ids, positions, rows, query_lens, num_splits: int

@@ -24,6 +24,20 @@ def test_the_launch_keywords_follow_the_switch() -> None:
     assert pdl.launch_options() == {}
 
 
+def test_large_decode_graphs_are_captured_without_it() -> None:
+    try:
+        pdl.enable(True)
+        with pdl.for_graph_batch(pdl.MAX_GRAPH_BATCH):
+            assert pdl.launch_options() == {"launch_pdl": True}
+        with pdl.for_graph_batch(pdl.MAX_GRAPH_BATCH + 1):
+            assert pdl.launch_options() == {}
+        assert pdl.launch_options() == {"launch_pdl": True}  # restored
+    finally:
+        pdl.enable(False)
+    with pdl.for_graph_batch(1):
+        assert pdl.launch_options() == {}  # off stays off
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_every_kernel_launched_so_waits_first() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
