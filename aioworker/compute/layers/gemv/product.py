@@ -52,19 +52,8 @@ def small_rows_product(
     w = (q - 8) s + o. Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
     before a residual add and RMSNorm, done in the kernel."""
+    _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
     num_rows, depth = x.shape
-    stored_depth = depth // INT4_VALUES.get(weight.dtype, 1) if int4_groups else depth
-    if not 1 <= num_rows <= MAX_ROWS or weight.shape[1] != stored_depth or x.stride(1) != 1:
-        raise ValueError(f"takes 1 to {MAX_ROWS} contiguous rows of {weight.shape[1]}: {x.shape}")
-    if not tiles.dot and num_rows != 1:
-        raise ValueError("the FMA tiles multiply one row only")
-    if tiles.a8 and (weight.dtype != torch.float8_e4m3fn or not tiles.dot):
-        raise ValueError(f"a8 tiles multiply e4m3 weights on tensor cores, not {weight.dtype}")
-
-    if gated and bias is not None:
-        raise ValueError("a gated product takes no bias")
-    if add_norm is not None:
-        _check_add_norm(x, add_norm)
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
     per_split, splits = _k_per_split(depth, tiles)
@@ -139,6 +128,22 @@ def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) ->
         return 0
     step_bytes = tiles.block_k // values_per_unit * weight.element_size()
     return triton.next_power_of_2(max(1, step_bytes // LINE_BYTES))
+
+
+def _check_operands(x, weight, tiles: Tiles, gated: bool, bias, int4_groups, add_norm) -> None:
+    """ValueError naming what the kernels cannot multiply as asked."""
+    num_rows, depth = x.shape
+    stored_depth = depth // INT4_VALUES.get(weight.dtype, 1) if int4_groups else depth
+    if not 1 <= num_rows <= MAX_ROWS or weight.shape[1] != stored_depth or x.stride(1) != 1:
+        raise ValueError(f"takes 1 to {MAX_ROWS} contiguous rows of {weight.shape[1]}: {x.shape}")
+    if not tiles.dot and num_rows != 1:
+        raise ValueError("the FMA tiles multiply one row only")
+    if tiles.a8 and (weight.dtype != torch.float8_e4m3fn or not tiles.dot):
+        raise ValueError(f"a8 tiles multiply e4m3 weights on tensor cores, not {weight.dtype}")
+    if gated and bias is not None:
+        raise ValueError("a gated product takes no bias")
+    if add_norm is not None:
+        _check_add_norm(x, add_norm)
 
 
 def _check_add_norm(x: torch.Tensor, add_norm: AddNorm) -> None:
