@@ -15,6 +15,8 @@
 #                                 dependent launch), and the composed GPU tests
 #   tools/gpu_issue22.sh together W4 (bf16, fp8) with all three on against the defaults, and W4
 #                                 of every format with the kernels off against on
+#   tools/gpu_issue22.sh pdl      W4 (bf16, fp8) with PDL against the defaults, W1 with the
+#                                 defaults and with PDL, and the kernels' every-shape test
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -27,7 +29,7 @@ out="${OUT:-/tmp}"
 TABLE="${TABLE:-/tmp/tuned_tiles.json}"
 [ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
 w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT); further
-        # arguments go to the bench (--w4-candidate KEY=VALUE)
+        # arguments go to the bench (--candidate KEY=VALUE)
   local formats="$1" limit="$2" name="$3"; shift 3
   timeout "$limit" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
     --workload w4 --w4-formats "$formats" --no-reference --record docs/benchmarks.md "$@" \
@@ -93,18 +95,29 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -8; tail -30 "$out/gemv_tune.log"
     ;;
   candidates)
-    w4 none,fp8 130 norm --w4-candidate device.fused_norm_products=true
-    w4 none,fp8 130 rope --w4-candidate device.fused_rope_attention=true
-    w4 none,fp8 130 pdl --w4-candidate device.pdl=true
+    w4 none,fp8 130 norm --candidate device.fused_norm_products=true
+    w4 none,fp8 130 rope --candidate device.fused_rope_attention=true
+    w4 none,fp8 130 pdl --candidate device.pdl=true
     composed 90
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -12
     for name in norm rope pdl; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
     ;;
   together)
-    w4 none,fp8 150 all --w4-candidate device.fused_norm_products=true \
-      --w4-candidate device.fused_rope_attention=true --w4-candidate device.pdl=true
+    w4 none,fp8 150 all --candidate device.fused_norm_products=true \
+      --candidate device.fused_rope_attention=true --candidate device.pdl=true
     w4 none,fp8,wint8,wint4 240 kernels
     for name in all kernels; do echo "== w4 $name"; tail -10 "$out/w4_$name.log"; done
+    ;;
+  pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) against the defaults
+    w4 none,fp8 140 pdl --candidate device.pdl=true
+    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+      --workload w1 --no-reference --record docs/benchmarks.md --candidate device.pdl=true > "$out/w1_pdl.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
+      tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
+    echo "== every shape"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -4
+    for f in "$out"/w1_*.log; do echo "== $f"; tail -8 "$f"; done
+    echo "== w4 pdl"; tail -8 "$out/w4_pdl.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"

@@ -1,7 +1,7 @@
 """W4: decode at batch 1 (and 8) beside the weight-read floor, with the small-batch kernels
 (device.small_batch_kernels, compute/layers/gemv/) off and on in the same run, for each format
 (`aioworker bench --workload w4`). Off is the previous path (cuBLAS, or the format's torch
-kernels), so each row prints its baseline beside it. With a candidate (`--w4-candidate KEY=VALUE`)
+kernels), so each row prints its baseline beside it. With a candidate (`--candidate KEY=VALUE`)
 the baseline is the defaults and the other side the defaults with the candidate's settings: how
 a feature not yet on by default is measured on and off.
 

@@ -60,7 +60,9 @@ W1_VARIANTS = {
 }
 
 
-def run_w1(limits: gpu.Limits) -> tuple[str, str]:
+def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]:
+    if candidate:
+        return run_w1_candidate(limits, candidate)
     cfg = load_model_config(gpu.QWEN3_06B)
     engine = gpu.make_engine(gpu.QWEN3_06B, 2048)
     runs: dict[str, list[float]] = {name: [] for name in W1_VARIANTS}
@@ -81,6 +83,28 @@ def run_w1(limits: gpu.Limits) -> tuple[str, str]:
         f"alternating). Copy bandwidth {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
         f"{limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s in this run; KV bytes per token "
         f"{gpu.kv_bytes_per_token(cfg):,}."
+    )
+    return format_table(header, rows), notes
+
+
+def run_w1_candidate(limits: gpu.Limits, candidate: dict) -> tuple[str, str]:
+    """W1 on the defaults against the defaults with `candidate`'s settings. Settings such as
+    device.pdl shape what the graphs capture, so each side is an engine of its own: the two do
+    not fit in memory together, so the runs cannot alternate; the defaults run first."""
+    runs: dict[str, list[float]] = {}
+    for name, settings in (("defaults", {}), ("candidate", candidate)):
+        engine = gpu.make_engine(gpu.QWEN3_06B, 2048, **settings)
+        runs[name] = [gpu.w1_tokens_per_s(engine)[0] for _ in range(W1_REPEATS)]
+        gpu.free(engine)
+    median = {name: statistics.median(values) for name, values in runs.items()}
+    rows = [[name, f"{median[name]:,.0f}", _runs(runs[name])] for name in runs]
+    header = ["W1 (nano-vllm, Qwen3-0.6B)", "output tok/s (median)", "runs"]
+    named = ", ".join(f"{key}={value}" for key, value in candidate.items())
+    notes = (
+        f"Defaults: this commit's defaults; candidate: the defaults with {named}; "
+        f"candidate / defaults = {median['candidate'] / median['defaults']:.3f}. "
+        f"{W1_REPEATS} runs each on an engine of its own, the defaults first. Copy bandwidth "
+        f"{limits.copy_bytes_per_s / 1e12:.2f} TB/s in this run."
     )
     return format_table(header, rows), notes
 

@@ -61,13 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU workload w4: the weight formats to measure, comma-separated (default: all four)",
     )
     parser.add_argument(
+        "--candidate",
         "--w4-candidate",
+        dest="candidate",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="GPU workload w4: measure the defaults against the defaults with this setting "
-        "(repeatable; e.g. device.fused_norm_products=true) instead of the small-batch kernels "
-        "off against on",
+        help="GPU workloads w4 and w1: measure the defaults against the defaults with this "
+        "setting (repeatable; e.g. device.pdl=true); w4 otherwise measures the small-batch "
+        "kernels off against on",
     )
     parser.add_argument(
         "--record",
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             return fail(f"--w4-formats names {', '.join(unknown)}; give {', '.join(W4_FORMATS)}")
         try:
-            candidate = parse_settings(args.w4_candidate, "--w4-candidate") or None
+            candidate = parse_settings(args.candidate, "--candidate") or None
         except ConfigError as exc:
             return fail(str(exc))
         return run_gpu(
@@ -121,7 +123,7 @@ def run_gpu(
     record: str | None,
     w9_users: int = 128,
     w4_formats: tuple[str, ...] = W4_FORMATS,
-    w4_candidate: dict | None = None,
+    candidate: dict | None = None,
 ) -> int:
     from aioworker.bench import (
         gpu,
@@ -140,9 +142,9 @@ def run_gpu(
         flush=True,
     )
     runners = {
-        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats, w4_candidate),
+        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats, candidate),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
-        "w1": lambda: gpu_run.run_w1(limits),
+        "w1": lambda: gpu_run.run_w1(limits, candidate),
         "w6": lambda: gpu_run.run_w6(limits),
         "w7": lambda: gpu_run.run_w7(limits),
         "w8": lambda: gpu_quant.run(limits),

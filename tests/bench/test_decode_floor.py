@@ -54,6 +54,6 @@ def test_a_candidate_is_measured_against_the_defaults(monkeypatch) -> None:
 
 
 def test_a_candidate_without_a_value_is_refused(capsys) -> None:
-    argv = ["bench", "--workload", "w4", "--w4-candidate", "device.fused_norm_products"]
+    argv = ["bench", "--workload", "w4", "--candidate", "device.fused_norm_products"]
     assert main(argv) == 2
     assert "KEY=VALUE" in capsys.readouterr().err

@@ -1,0 +1,26 @@
+"""W1 against a candidate (the GPU parts replaced): one engine per side, built with the side's
+settings, its runs' median in the table, and the ratio in the notes."""
+
+from __future__ import annotations
+
+from aioworker.bench import gpu, gpu_run
+
+
+def test_w1_candidate_builds_an_engine_per_side_and_reports_medians(monkeypatch) -> None:
+    built, freed = [], []
+    rates = {"defaults": iter([100.0, 120.0, 110.0]), "candidate": iter([130.0, 150.0, 140.0])}
+
+    def fake_engine(model_dir, max_model_len, **settings):
+        built.append(settings)
+        return "candidate" if settings else "defaults"
+
+    monkeypatch.setattr(gpu, "make_engine", fake_engine)
+    monkeypatch.setattr(gpu, "w1_tokens_per_s", lambda engine: (next(rates[engine]), 1000))
+    monkeypatch.setattr(gpu, "free", freed.append)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    table, notes = gpu_run.run_w1(limits, {"device.pdl": True})
+    assert built == [{}, {"device.pdl": True}]
+    assert freed == ["defaults", "candidate"]
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
+    assert "110" in rows["defaults"] and "140" in rows["candidate"]
+    assert "device.pdl=True" in notes and "1.273" in notes
