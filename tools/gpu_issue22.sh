@@ -115,7 +115,10 @@ case "${1:-}" in
     cp docs/benchmarks.md "$out/"
     timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
       tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
+    timeout 80 python3 tools/profile_step.py --model llama-3.1-8b --quantization fp8 \
+      --small-batch-kernels > "$out/profile_8b_fp8.log" 2>&1
     echo "== every shape"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -4
+    echo "== profile 8b fp8"; head -30 "$out/profile_8b_fp8.log"
     for f in "$out"/w1_*.log; do echo "== $f"; tail -8 "$f"; done
     echo "== w4 pdl"; tail -8 "$out/w4_pdl.log"
     ;;
