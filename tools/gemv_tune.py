@@ -83,7 +83,8 @@ def candidates(
 ) -> list[Tiles]:
     """Tilings that give the device between half a program and 16 programs per SM; for fp8,
     each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each
-    tiling also widening by bit operations (bits), and each split one also folded (fold)."""
+    tiling also widening by bit operations (bits), each split one also folded (fold), and each FMA
+    one of a stored format also with x loaded in W's tile shape (wide_x)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -100,13 +101,17 @@ def candidates(
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, bits=True))
         if splits > 1:
             found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, fold=True))
+        if not dot and fmt != "wint4":
+            found.append(
+                Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, wide_x=True)
+            )
     return found
 
 
 def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
-    (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, and with
-    programmatic dependent launch on, prefetch)."""
+    (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, wide_x for
+    FMA tiles of a stored format, and with programmatic dependent launch on, prefetch)."""
     r = dataclasses.replace
     found = [
         base,
@@ -125,6 +130,8 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
             found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
+    if not base.dot and fmt != "wint4":
+        found.append(r(base, wide_x=not base.wide_x))
     if pdl_on:
         found.append(r(base, prefetch=not base.prefetch))
     return found
@@ -132,7 +139,8 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
 
 def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: int) -> list[Tiles]:
     """--refine's candidates for one key: the table's tiles (the rule's where it names none or
-    gives the shape to torch) and their neighbours, the rule's, and for one row an FMA tiling."""
+    gives the shape to torch) and their neighbours, the rule's, and for one row an FMA tiling and
+    the 2-8 rows' tiles."""
     weight_format = {"none": "dense", "fp8": "e4m3", "wint8": "int8", "wint4": "int4"}[fmt]
     key = table_key(rows, channels, depth, weight_format, gated)
     rule = rule_tiles(channels, depth, gated, sms)
@@ -141,6 +149,11 @@ def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: in
     if rows == 1:
         fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
         found += neighbours(fma, fmt, on)
+        # The 2-8 rows' tiles too: dot tiles pad one row to 16 as they pad 8, and fp8's a8
+        # tiles (chosen there) multiply on fp8 tensor cores without widening any weight.
+        few = tuned_table().get(table_key(2, channels, depth, weight_format, gated))
+        if few is not None:
+            found += neighbours(few, fmt, on)
     fits = [t for t in found if depth // t.splits >= t.block_k and (t.dot or rows == 1)]
     return list(dict.fromkeys(fits))
 
@@ -313,7 +326,8 @@ def main() -> None:
                     f"| {found['bytes'] / t / rate:.0%} | {entry['theirs_s'] * 1e6:.1f} | {t * 1e6:.1f} "
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
                     f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''}"
-                    f"{' fold' if tiles.fold else ''} |"
+                    f"{' fold' if tiles.fold else ''}{' wide_x' if tiles.wide_x else ''}"
+                    f"{' prefetch' if tiles.prefetch else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

@@ -86,7 +86,7 @@ def _small_rows_kernel(
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
-    EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr, WIDE_X: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr,
@@ -96,7 +96,10 @@ def _small_rows_kernel(
     partial_ptr [splits, rows, channels (x2 when GATED)], for `reduce_kernel`, or with FOLD for
     the last of its tile's programs to arrive, which adds them and finishes (finish.py).
     ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an accumulator column per row
-    (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). NORMED (add_norm.py):
+    (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). WIDE_X (FMA, stored
+    formats, not NORMED): x's slice loaded in the W tile's shape [BLOCK_N, BLOCK_K], every row
+    the same, so Triton gives it W's register layout and no step exchanges it through shared
+    memory. NORMED (add_norm.py):
     x is the row before the residual add and the norm; residual and residual_out laid out as x;
     with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
     tile's, [tiles, splits, rows]). PREFETCH_LINES (with PDL): the lines of each of the
@@ -140,7 +143,7 @@ def _small_rows_kernel(
                 rows, num_rows, num_channels, first + start, stride_x,
                 stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
                 A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
-                BLOCK_N, BLOCK_K,
+                WIDE_X, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
@@ -185,7 +188,8 @@ def _stored_step(
     tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, A8: tl.constexpr,
     BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
     GATED), accumulated."""
@@ -194,10 +198,12 @@ def _stored_step(
     k_mask = ks[None, :] < depth
     if not EVEN_K:
         x_mask = x_mask & k_mask
+    x_at = rows[:, None] * stride_x + ks[None, :]
+    if WIDE_X:  # one row, repeated over the tile's channels: loads from L1 after the first
+        x_at = tl.zeros((BLOCK_N, 1), dtype=tl.int32) + ks[None, :]
     x, squares = normed_values(
-        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr,
-        rows[:, None] * stride_x + ks[None, :], ks[None, :], x_mask, k_mask, write_sum, NORMED,
-        HAS_RESIDUAL,
+        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, x_at, ks[None, :], x_mask,
+        k_mask, write_sum, NORMED, HAS_RESIDUAL,
     )  # fmt: skip
     if NORMED:
         squares_sum += tl.sum(squares, axis=1)

@@ -107,6 +107,7 @@ def small_rows_product(
         HAS_RESIDUAL=normed and add_norm.residual is not None, A8=tiles.a8, BITS=tiles.bits,
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
+        WIDE_X=tiles.wide_x and not tiles.dot and not normed and not row_groups,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,

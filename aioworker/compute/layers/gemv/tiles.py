@@ -18,7 +18,9 @@ class Tiles:
     the sums, not the values. `fold`: split K's partial sums added
     by the last of a tile's programs to arrive, not by a second kernel (kernels.py).
     `prefetch` (with device.pdl): each program fetches its first step of W into L2 while it
-    waits on the kernel before."""
+    waits on the kernel before. `wide_x` (FMA tiles of a stored format, not with the fused
+    norm): each step's slice of x loaded in the W tile's shape, so that it arrives in W's
+    register layout: loaded as a row, it crosses shared memory behind barriers every step."""
 
     dot: bool = True
     block_n: int = 64
@@ -30,3 +32,4 @@ class Tiles:
     bits: bool = False
     fold: bool = False
     prefetch: bool = False
+    wide_x: bool = False

@@ -42,6 +42,7 @@ FMA_TILES = [
     Tiles(dot=False, block_n=16, block_k=32),
     Tiles(dot=False, block_n=8, block_k=64, splits=2),
     Tiles(dot=False, block_n=16, block_k=32, splits=3, fold=True),
+    Tiles(dot=False, block_n=8, block_k=32, splits=3, wide_x=True),  # x in W's tile shape
 ]
 
 
