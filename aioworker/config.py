@@ -113,10 +113,6 @@ class DeviceOptions(_Section):
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
     fused_rope_attention: bool = True
-    # CUDA, attention_backend auto or triton: where decode attention splits a context across
-    # programs, the last program of each (sequence, KV head) merges the splits instead of a
-    # kernel of its own, one launch fewer a layer. Off until measured on a GPU.
-    fold_attention_splits: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -15,9 +15,8 @@
 #                                 dependent launch), and the composed GPU tests
 #   tools/gpu_issue22.sh together W4 (bf16, fp8) with all three on against the defaults, and W4
 #                                 of every format with the kernels off against on
-#   tools/gpu_issue22.sh pdl      W4 (bf16, fp8) with PDL against the defaults, then with the
-#                                 folded attention splits; W1 with PDL against the defaults;
-#                                 the kernels' every-shape test
+#   tools/gpu_issue22.sh pdl      W4 (bf16, fp8) with PDL against the defaults, W1 with the
+#                                 defaults and with PDL, and the kernels' every-shape test
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -109,18 +108,19 @@ case "${1:-}" in
     w4 none,fp8,wint8,wint4 240 kernels
     for name in all kernels; do echo "== w4 $name"; tail -10 "$out/w4_$name.log"; done
     ;;
-  pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) and the folded attention
-        # splits, each against the defaults; W1 with PDL; the kernels' every-shape test
+  pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) against the defaults
     w4 none,fp8 140 pdl --candidate device.pdl=true
-    w4 none,fp8 140 fold --candidate device.fold_attention_splits=true
-    timeout 160 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md --candidate device.pdl=true > "$out/w1_pdl.log" 2>&1
     cp docs/benchmarks.md "$out/"
     timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
       tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
+    timeout 80 python3 tools/profile_step.py --model llama-3.1-8b --quantization fp8 \
+      --small-batch-kernels > "$out/profile_8b_fp8.log" 2>&1
     echo "== every shape"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -4
-    echo "== w1 pdl"; tail -8 "$out/w1_pdl.log"
-    for name in pdl fold; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
+    echo "== profile 8b fp8"; head -30 "$out/profile_8b_fp8.log"
+    for f in "$out"/w1_*.log; do echo "== $f"; tail -8 "$f"; done
+    echo "== w4 pdl"; tail -8 "$out/w4_pdl.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"

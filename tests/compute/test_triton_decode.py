@@ -173,32 +173,3 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
     tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-6, "atol": 1e-6}
     for got, want in zip(caches[1], caches[0], strict=True):
         torch.testing.assert_close(got, want, **tolerance)
-
-
-@pytest.mark.parametrize(("num_splits", "multi"), [(3, False), (4, True)])
-def test_folded_splits_equal_the_merge_kernel_and_leave_the_counts_at_zero(num_splits, multi):
-    """fold=True: the last program of each (sequence, KV head) merges the splits itself. Its
-    output equals the merge kernel's, and twice in a row (each launch's last programs set their
-    counts back to zero: a count left behind would merge early, or never, the second time)."""
-    from aioworker.compute.layers.attention import triton_decode
-
-    g = torch.Generator().manual_seed(5 + num_splits)
-    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
-    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
-    query_lens = torch.tensor([1, 5, 3, 8] if multi else [1, 1, 1, 1], dtype=torch.int32)
-    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
-    block_tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, -1)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-    q = torch.randn(int(query_lens.sum()), num_heads, head_dim, generator=g)
-    starts = torch.cumsum(query_lens, 0) - query_lens
-    to = lambda t: t.to(DEVICE)  # noqa: E731
-    queries = (to(starts.int()), to(query_lens), int(query_lens.max())) if multi else None
-    args = (to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens),
-            head_dim**-0.5, num_splits)  # fmt: skip
-    merged = paged_decode(*args, queries=queries)
-    for _ in range(2):
-        folded = paged_decode(*args, queries=queries, fold=True)
-        torch.testing.assert_close(folded, merged, rtol=1e-5, atol=1e-6)
-    counts = triton_decode._arrivals[torch.device(DEVICE) if DEVICE == "cpu" else folded.device]
-    assert int(counts[: batch * num_kv_heads].abs().sum()) == 0

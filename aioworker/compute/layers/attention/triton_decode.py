@@ -6,10 +6,8 @@ share that KV head, for every query token of the sequence, so every K/V byte is 
 group (GQA) and once for all of a verify step's queries: its rows are (query j, head g), query j
 seeing the context up to its own position (the sequence's last q positions are its queries,
 their K/V already written). Keys are visited in tiles of TILE_N tokens gathered from the block
-table; an online softmax keeps the running max and sum. With several splits, each query row's
-partial results are merged by their log-sum-exp: by a second small kernel, or with `fold` by
-the last of a (sequence, KV head)'s programs to arrive, counted by an atomic, which saves that
-launch.
+table; an online softmax keeps the running max and sum. With several splits, a second small
+kernel merges each query row's partial results by their log-sum-exp.
 
 With `rope_in` (a decode step's attention given its raw q, k and v), the kernel also does what
 fused.qkv_rope_cache_ does before it, so that it needs no launch of its own: each program
@@ -83,10 +81,6 @@ def _decode_partial(
     stride_new_seq,
     stride_cos,
     eps,
-    final_ptr,
-    counter_ptr,
-    stride_f_seq,
-    stride_f_head,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     ROWS_PAD: tl.constexpr,
@@ -100,10 +94,7 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
-    FOLD: tl.constexpr,
 ):
-    """FOLD (several splits): the last program of a (sequence, KV head) to arrive, counted at
-    counter_ptr, merges every split's partial rows into final_ptr (laid out as q)."""
     wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -187,48 +178,7 @@ def _decode_partial(
         )
         tl.store(o_ptrs, out, mask=row_ok[:, None])
         lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
-        lse_rows = lse_ptr + token * stride_l_seq + heads * stride_l_head
-        tl.store(lse_rows + split, lse, mask=row_ok)
-        if FOLD:
-            # Every thread's partials are written before the count says so (release); the
-            # last to arrive sees every split's (acquire), read past L1.
-            tl.debug_barrier()
-            counter = counter_ptr + seq * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-                merged = _merge_rows(o_ptrs - split * stride_o_split, lse_rows, stride_o_split,
-                                     num_splits, row_ok, ROWS_PAD, HEAD_DIM)  # fmt: skip
-                f_ptrs = (
-                    final_ptr
-                    + token[:, None] * stride_f_seq
-                    + heads[:, None] * stride_f_head
-                    + offs_d[None, :]
-                )
-                tl.store(f_ptrs, merged.to(final_ptr.dtype.element_ty), mask=row_ok[:, None])
-                tl.atomic_xchg(counter, 0)  # zero for the next step's programs
-
-
-@triton.jit
-def _merge_rows(p_ptrs, lse_rows, stride_p_split, num_splits, row_ok, ROWS_PAD: tl.constexpr,
-                HEAD_DIM: tl.constexpr):  # fmt: skip
-    """Rows [ROWS_PAD, HEAD_DIM] of every split's partial results (at p_ptrs + s *
-    stride_p_split, their log-sum-exps at lse_rows + s) merged: each weighted by
-    exp(lse - the largest), a running largest kept as splits are added."""
-    m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
-    total = tl.zeros([ROWS_PAD], tl.float32)
-    acc = tl.zeros([ROWS_PAD, HEAD_DIM], tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(lse_rows + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        m_new = tl.maximum(m, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with keys yet
-        alpha = tl.exp(m - m_safe)
-        weight = tl.exp(lse - m_safe)
-        seen = row_ok & (lse > float("-inf"))
-        part = tl.load(p_ptrs + s * stride_p_split, mask=seen[:, None], other=0.0,
-                       cache_modifier=".cg")  # fmt: skip
-        acc = acc * alpha[:, None] + part * weight[:, None]
-        total = total * alpha + weight
-        m = m_new
-    return acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(lse_ptr + token * stride_l_seq + heads * stride_l_head + split, lse, mask=row_ok)
 
 
 @triton.jit
@@ -328,7 +278,6 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
-    fold: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -336,9 +285,7 @@ def paged_decode(
     query count of each [B] int32, the largest count): a sequence's queries are its last
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
-    the kernel norms and rotates them and writes the new k and v to the cache itself. `fold`:
-    several splits merged by the last program of each (sequence, KV head), not a second
-    kernel."""
+    the kernel norms and rotates them and writes the new k and v to the cache itself."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -364,8 +311,6 @@ def paged_decode(
             partial, lse = workspace[0][:num_rows], workspace[1][:num_rows]
         p_strides = (partial.stride(0), partial.stride(1), partial.stride(2))
         l_strides = (lse.stride(0), lse.stride(1))
-    fold = fold and not direct
-    counts = _arrival_counts(q.device, batch * num_kv_heads) if fold else context_lens
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
     _decode_partial[(batch, num_kv_heads, num_splits)](
@@ -377,7 +322,6 @@ def paged_decode(
         *p_strides, *l_strides,
         num_splits,
         *new,
-        out, counts, out.stride(0), out.stride(1),
         GROUP=group,
         GROUP_P2=triton.next_power_of_2(group),
         ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
@@ -392,10 +336,9 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        FOLD=fold,
         **options,
     )  # fmt: skip
-    if not direct and not fold:
+    if not direct:
         _merge_splits[(num_rows, num_heads)](
             partial, lse, out,
             partial.stride(0), partial.stride(1), partial.stride(2),
@@ -407,23 +350,6 @@ def paged_decode(
             PDL=bool(options), **options,
         )  # fmt: skip
     return out
-
-
-# Arrival counts of folding programs, one per (sequence, KV head), zero between launches (the
-# last program of each resets its count). One set per device: a device's attention layers run
-# one at a time, in stream order (the executor's stream, or the graph replaying them).
-MAX_FOLD_GROUPS = 1 << 16
-_arrivals: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counts(device: torch.device, groups: int) -> torch.Tensor:
-    if groups > MAX_FOLD_GROUPS:
-        raise ValueError(
-            f"{groups} (sequence, KV head) pairs fold their splits: at most {MAX_FOLD_GROUPS}"
-        )
-    if device not in _arrivals:
-        _arrivals[device] = torch.zeros(MAX_FOLD_GROUPS, dtype=torch.int32, device=device)
-    return _arrivals[device]
 
 
 def _rope_in_arguments(rope_in: RopeIn | None, q: torch.Tensor) -> tuple:
