@@ -105,10 +105,11 @@ class DeviceOptions(_Section):
     # qkv and gate/up products that read them (two launches fewer a layer). Off: W4 on the H200
     # measured it 1.05x on Qwen3-0.6B but 0.96x (8B bf16) and 0.81x (8B fp8).
     fused_norm_products: bool = False
-    # CUDA, Hopper and later: launch our decode kernels with programmatic dependent launch, so
-    # each may start while the one before it finishes (compute/layers/pdl.py). Off: W4 on the
-    # H200 measured 1.15-1.20x on Qwen3-0.6B at batch 1 but the 8B bf16 batch-8 step 6-7% slower.
-    pdl: bool = False
+    # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
+    # kernels with programmatic dependent launch, so each may start while the one before it
+    # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
+    # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower.
+    pdl: bool = True
     # CUDA, attention_backend auto or triton (other backends ignore it): a decode step's q/k
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).

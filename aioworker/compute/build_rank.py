@@ -196,9 +196,9 @@ def _build_runner(
     to, and the host KV tier's size."""
     config, device = build.config, build.device
     pdl_on = config.device.pdl and device.type == "cuda" and _hopper_or_later(device)
-    if config.device.pdl and not pdl_on:
-        log.warning("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
-    pdl.enable(pdl_on)
+    if config.device.pdl and device.type == "cuda" and not pdl_on:
+        log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
+    pdl.enable(pdl_on, graphs_only=True)
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods

@@ -8,10 +8,13 @@ The contract that keeps this correct: a kernel launched so waits for the kernel 
 every kernel does so, so each waits, through the one before it, on all earlier ones. Kernels
 not launched so (torch's, cuBLAS's) are ordered as usual.
 
-device.pdl switches it for the rank's process (`enable`, at model load); each launch asks
-`launch_options()`. Decode graphs of more than MAX_GRAPH_BATCH sequences are captured without
-it (`for_graph_batch`): W4 on the H200 measured the 8B's batch-8 step 6-7% slower with it, where
-batch 1 gained 2-20%. (That limit itself is not yet measured: the GPU was gone by then.)
+device.pdl switches it for the rank's process (`enable`, at model load), for decode graphs only
+(`for_graph_batch`): eager steps are bound by the host, where a launch's PDL attribute adds
+cost and nothing overlaps, and W1 (mostly eager prefill and large batches) measured 0.978x with
+PDL on every launch. Decode graphs of more than MAX_GRAPH_BATCH sequences are captured without
+it: W4 on the H200 measured the 8B's batch-8 step 6-7% slower with it, where batch 1 gained
+2-20%; with the limit, batch 8 measured no slower (2026-12-05). Tools and tests may switch it
+on for every launch. Each launch asks `launch_options()`.
 """
 
 from __future__ import annotations
@@ -20,21 +23,23 @@ import contextlib
 from collections.abc import Iterator
 
 MAX_GRAPH_BATCH = 4
-_enabled = False
+_enabled = False  # launches now use it
+_in_graphs = False  # decode graphs of at most MAX_GRAPH_BATCH sequences use it
 
 
-def enable(on: bool) -> None:
-    global _enabled
-    _enabled = on
+def enable(on: bool, graphs_only: bool = False) -> None:
+    """Launches use PDL (`graphs_only`: only inside `for_graph_batch`, as a rank runs)."""
+    global _enabled, _in_graphs
+    _enabled, _in_graphs = on and not graphs_only, on
 
 
 @contextlib.contextmanager
 def for_graph_batch(batch: int) -> Iterator[None]:
-    """Within: launches as a decode graph of `batch` sequences captures them (no PDL above
-    MAX_GRAPH_BATCH); afterwards as before."""
+    """Within: launches as a decode graph of `batch` sequences captures them (PDL where it is
+    switched on and `batch` <= MAX_GRAPH_BATCH); afterwards as before."""
     global _enabled
     before = _enabled
-    _enabled = before and batch <= MAX_GRAPH_BATCH
+    _enabled = _in_graphs and batch <= MAX_GRAPH_BATCH
     try:
         yield
     finally:

@@ -38,6 +38,20 @@ def test_large_decode_graphs_are_captured_without_it() -> None:
         assert pdl.launch_options() == {}  # off stays off
 
 
+def test_a_rank_launches_with_it_only_inside_small_decode_graphs() -> None:
+    """As a rank switches it (device.pdl): eager steps, prefill included, launch as usual."""
+    try:
+        pdl.enable(True, graphs_only=True)
+        assert pdl.launch_options() == {}
+        with pdl.for_graph_batch(1):
+            assert pdl.launch_options() == {"launch_pdl": True}
+        with pdl.for_graph_batch(pdl.MAX_GRAPH_BATCH + 1):
+            assert pdl.launch_options() == {}
+        assert pdl.launch_options() == {}
+    finally:
+        pdl.enable(False)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_every_kernel_launched_so_waits_first() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -91,7 +91,9 @@ def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
                 cut = dataclasses.replace(tiles, fold=fold)
                 got = small_rows_product(x, weight, cut, scale, gated, int4_groups=groups)
                 error = ((got.float() - want).norm() / want.norm()).item()
-                if error > 1e-2:
+                # a8 tiles quantize x's rows to e4m3 (three mantissa bits): ~3% from x alone,
+                # against the bf16 rows of the reference; a wrong kernel is off by ~100%.
+                if error > (4e-2 if cut.a8 else 1e-2):
                     failures.append((channels, depth, gated, rows, cut, error))
     assert not failures
 
