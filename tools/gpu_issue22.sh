@@ -17,6 +17,10 @@
 #                                 of every format with the kernels off against on
 #   tools/gpu_issue22.sh pdl      W4 (bf16, fp8) with PDL against the defaults, W1 with the
 #                                 defaults and with PDL, and the kernels' every-shape test
+#   tools/gpu_issue22.sh retune   the kernels' tests, a short refine sweep with PDL, W4 bf16
+#                                 and fp8 off against on (TESTS_S: the tests' time limit)
+#   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
+#                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -38,10 +42,16 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
 }
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
   local budget="$1"; shift
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/layers/gemv \
-    tests/compute/layers/test_pdl.py > "$out/gemv_tests.log" 2>&1
+  timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/compute/layers/gemv tests/compute/layers/test_pdl.py -k "not every_shape" \
+    > "$out/gemv_tests.log" 2>&1
   timeout $(( budget + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
     --budget-s "$budget" --write-table "$@" > "$out/gemv_tune.log" 2>&1
+}
+every_shape() {  # the kernels against the reference at every shape of configs/models/
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
+    tests/compute/layers/gemv/test_gpu_gemv.py > "$out/every_shape.log" 2>&1
+  echo "== every shape"; grep -E "passed|failed|^FAILED|^E  " "$out/every_shape.log" | tail -4
 }
 composed() {  # the GPU tests of features composed with the kernels
   timeout "$1" python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu -k "not zmq and not release and not ipc and not profiled and not xformers" \
@@ -108,19 +118,35 @@ case "${1:-}" in
     w4 none,fp8,wint8,wint4 240 kernels
     for name in all kernels; do echo "== w4 $name"; tail -10 "$out/w4_$name.log"; done
     ;;
-  pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) against the defaults
+  pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) against the defaults, W1 with
+        # the defaults and with PDL, the kernels' every-shape test
     w4 none,fp8 140 pdl --candidate device.pdl=true
-    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 160 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md --candidate device.pdl=true > "$out/w1_pdl.log" 2>&1
     cp docs/benchmarks.md "$out/"
-    timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
-      tests/compute/layers/gemv/test_gpu_gemv.py > "$out/gemv_tests.log" 2>&1
-    timeout 80 python3 tools/profile_step.py --model llama-3.1-8b --quantization fp8 \
-      --small-batch-kernels > "$out/profile_8b_fp8.log" 2>&1
-    echo "== every shape"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -4
-    echo "== profile 8b fp8"; head -30 "$out/profile_8b_fp8.log"
-    for f in "$out"/w1_*.log; do echo "== $f"; tail -8 "$f"; done
+    every_shape 100
+    echo "== w1 pdl"; tail -8 "$out/w1_pdl.log"
     echo "== w4 pdl"; tail -8 "$out/w4_pdl.log"
+    ;;
+  retune)  # a shorter refine sweep with PDL (the table it writes is put in place), then W4
+           # bf16 and fp8 with the kernels off against on
+    tune 170 --refine --pdl
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    w4 none,fp8 130 a
+    echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -8
+    echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -6; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
+    echo "== w4"; tail -9 "$out/w4_a.log"
+    ;;
+  finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
+    w4 wint8,wint4 120 b
+    timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+      --workload w1 --no-reference --record docs/benchmarks.md > "$out/w1.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    every_shape 70
+    composed 90
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
+    echo "== w1"; tail -8 "$out/w1.log"
+    echo "== w4"; tail -9 "$out/w4_b.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
@@ -132,6 +158,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|finish" >&2; exit 2 ;;
 esac
 exit 0
