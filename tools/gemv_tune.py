@@ -291,6 +291,11 @@ def main() -> None:
         help="launch the products with programmatic dependent launch (device.pdl), so that "
         "back-to-back products overlap as a step's do, and try prefetching W while they wait",
     )
+    parser.add_argument(
+        "--formats",
+        default="none,fp8,wint8,wint4",
+        help="the weight formats to sweep, comma-separated (the others keep their entries)",
+    )
     args = parser.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
@@ -308,7 +313,7 @@ def main() -> None:
     for (model, proj), (channels, depth, gated, formats) in (
         SMOKE_SHAPES if args.smoke else SHAPES
     ).items():
-        for fmt in formats:
+        for fmt in (f for f in formats if f in args.formats.split(",")):
             found = sweep_one(channels, depth, gated, fmt, device, deadline, args.refine)
             for rows in (1, 8):
                 entry = found[rows]

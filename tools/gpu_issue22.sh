@@ -137,6 +137,18 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -6; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
     echo "== w4"; tail -9 "$out/w4_a.log"
     ;;
+  last)  # the composed GPU tests (PDL on by default), the kernels' tests, a short refine sweep
+         # of bf16 and fp8 with PDL (its table put in place), W4 bf16 and fp8 off against on
+    composed 80
+    TESTS_S=90 tune 130 --refine --pdl --formats none,fp8
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+    w4 none,fp8 120 a
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -30
+    echo "== w4"; tail -9 "$out/w4_a.log"
+    ;;
   finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
     w4 wint8,wint4 120 b
     timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
@@ -158,6 +170,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|finish" >&2; exit 2 ;;
 esac
 exit 0
