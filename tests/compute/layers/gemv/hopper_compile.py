@@ -53,8 +53,13 @@ PRODUCT_ARGS = [
 ]
 
 
-def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool, norm: str):
-    """norm: "" (none), "norm" (the norm fused, no residual), "add+norm" (both)."""
+def product_variant(
+    fmt: str, gated: bool, dot: bool, split: bool, even_k: bool, norm: str, aligned: bool = False,
+    **overrides,
+):  # fmt: skip
+    """norm: "" (none), "norm" (the norm fused, no residual), "add+norm" (both). aligned: the
+    pointers, sizes and strides divisible by 16, as Triton specializes them when they are (its
+    loads are vectorized only then); overrides: constants replaced (BLOCK_N=64, ...)."""
     int4 = fmt.startswith("int4")
     # bits: the FMA tiles' split variant, and int4's dot tiles (one group a step) with the norm.
     bits = (not dot and split) or (dot and int4 and norm == "norm")
@@ -78,8 +83,18 @@ def product_variant(fmt: str, gated: bool, dot: bool, split: bool, even_k: bool,
         name: pointers.get(name, "*bf16" if name.endswith("_ptr") else "i32")
         for name in PRODUCT_ARGS
     }
+    constants |= overrides
     signature |= dict.fromkeys(constants, "constexpr")
-    return ASTSource(_small_rows_kernel, signature, constants)
+    attrs = {}
+    if aligned:
+        names = _small_rows_kernel.arg_names
+        divisible = [n for n in PRODUCT_ARGS if n.endswith("_ptr") or n in ALIGNED_SIZES]
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    return ASTSource(_small_rows_kernel, signature, constants, attrs)
+
+
+ALIGNED_SIZES = ("num_channels", "depth", "k_per_split", "stride_x", "stride_w", "stride_split",
+                 "stride_out")  # fmt: skip
 
 
 def reduce_variant(gated: bool):

@@ -1,0 +1,35 @@
+"""tools/sass_mix.py on a variant whose loop it explains: one row on FMA tiles, x loaded as a row,
+exchanges x through shared memory behind a barrier every step; `wide_x` loads it in the W tile's
+shape and the loop has no barrier (compiled for sm_90 on the CPU, in a process of its own,
+without TRITON_INTERPRET)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("needs triton", allow_module_level=True)
+TOOL = Path(__file__).resolve().parents[4] / "tools" / "sass_mix.py"
+
+
+def mix(*args: str) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(TOOL), *args], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    per_element = done.stdout.split(":", 1)[1]
+    return {op: float(n) for op, n in re.findall(r"([A-Z0-9_]+) ([\d.]+)", per_element)}
+
+
+def test_the_row_load_waits_on_a_barrier_each_step_and_wide_x_does_not() -> None:
+    row, wide = mix("e4m3", "fma", "16x256"), mix("e4m3", "fma", "16x256", "--wide-x")
+    assert row.get("BAR", 0) > 0 and "BAR" not in wide
+    # Both multiply each weight once, widened by the packed e4m3x2 conversion.
+    assert row["FFMA"] == wide["FFMA"] == 1.0 and row["F2FP"] == wide["F2FP"] == 0.5
