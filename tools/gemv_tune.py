@@ -84,7 +84,8 @@ def candidates(
     """Tilings that give the device between half a program and 16 programs per SM; for fp8,
     each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each
     tiling also widening by bit operations (bits), each split one also folded (fold), and each FMA
-    one of a stored format also with x loaded in W's tile shape (wide_x)."""
+    one of a stored format also with x loaded in W's tile shape (wide_x), and int8's widened four
+    a word by PTX (words)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -105,13 +106,18 @@ def candidates(
             found.append(
                 Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, wide_x=True)
             )
+        if not dot and fmt == "wint8":
+            found.append(
+                Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, words=True)
+            )
     return found
 
 
 def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
     (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, wide_x for
-    FMA tiles of a stored format, and with programmatic dependent launch on, prefetch)."""
+    FMA tiles of a stored format, words for int8's, and with programmatic dependent launch on,
+    prefetch)."""
     r = dataclasses.replace
     found = [
         base,
@@ -132,6 +138,8 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
         found.append(r(base, fold=not base.fold))
     if not base.dot and fmt != "wint4":
         found.append(r(base, wide_x=not base.wide_x))
+    if not base.dot and fmt == "wint8":
+        found.append(r(base, words=not base.words))
     if pdl_on:
         found.append(r(base, prefetch=not base.prefetch))
     return found
@@ -332,7 +340,7 @@ def main() -> None:
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
                     f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''}"
                     f"{' fold' if tiles.fold else ''}{' wide_x' if tiles.wide_x else ''}"
-                    f"{' prefetch' if tiles.prefetch else ''} |"
+                    f"{' prefetch' if tiles.prefetch else ''}{' words' if tiles.words else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

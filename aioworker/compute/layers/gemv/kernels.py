@@ -86,7 +86,7 @@ def _small_rows_kernel(
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
-    EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr, WIDE_X: tl.constexpr,
+    EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr, WIDE_X: tl.constexpr, WORDS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr,
@@ -99,7 +99,8 @@ def _small_rows_kernel(
     (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). WIDE_X (FMA, stored
     formats, not NORMED): x's slice loaded in the W tile's shape [BLOCK_N, BLOCK_K], every row
     the same, so Triton gives it W's register layout and no step exchanges it through shared
-    memory. NORMED (add_norm.py):
+    memory. WORDS (int8 on FMA tiles): widened four a 32-bit word by PTX (1; the
+    interpreter: 2, the same values by Triton's operations, widening.py). NORMED (add_norm.py):
     x is the row before the residual add and the norm; residual and residual_out laid out as x;
     with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
     tile's, [tiles, splits, rows]). PREFETCH_LINES (with PDL): the lines of each of the
@@ -143,7 +144,7 @@ def _small_rows_kernel(
                 rows, num_rows, num_channels, first + start, stride_x,
                 stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
                 A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
-                WIDE_X, BLOCK_N, BLOCK_K,
+                WIDE_X, WORDS, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
@@ -188,8 +189,8 @@ def _stored_step(
     tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, A8: tl.constexpr,
     BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
     GATED), accumulated."""
@@ -213,14 +214,14 @@ def _stored_step(
     gate_acc = _rows_step(
         gate_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
         stride_w, stride_group_row, stride_group, depth, tile_dtype, DOT, IEEE, A8, BITS,
-        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     if GATED:
         up_acc = _rows_step(
             up_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr,
             channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
             depth, tile_dtype, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-            INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+            INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     return gate_acc, up_acc, squares_sum
 
@@ -230,8 +231,8 @@ def _rows_step(
     acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
     stride_group_row, stride_group, depth, tile_dtype, DOT: tl.constexpr, IEEE: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
-    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """acc plus x times W's rows `w_rows` over one step of K: the tile widened then multiplied,
     or for int4 on tensor cores with BITS, q - 8 multiplied as is and the step's group scale and
@@ -248,7 +249,7 @@ def _rows_step(
         w = weight_tile(
             w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
             stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
-            INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
+            INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K, WORDS,
         )  # fmt: skip
         acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
     return acc

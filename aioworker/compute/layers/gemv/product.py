@@ -4,6 +4,8 @@ optionally of x's residual add and RMSNorm (AddNorm) rather than x."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -108,6 +110,7 @@ def small_rows_product(
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         WIDE_X=tiles.wide_x and not tiles.dot and not normed and not row_groups,
+        WORDS=_words(tiles, weight),
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
@@ -121,6 +124,14 @@ def small_rows_product(
             BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
         )  # fmt: skip
     return out
+
+
+def _words(tiles: Tiles, weight: torch.Tensor) -> int:
+    """Tiles.words on int8 FMA tiles: by PTX (1), or under Triton's interpreter, which runs no
+    PTX, by Triton's operations (2, the same values); else 0."""
+    if not tiles.words or tiles.dot or weight.dtype != torch.int8:
+        return 0
+    return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 1
 
 
 def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) -> int:

@@ -20,7 +20,8 @@ class Tiles:
     `prefetch` (with device.pdl): each program fetches its first step of W into L2 while it
     waits on the kernel before. `wide_x` (FMA tiles of a stored format, not with the fused
     norm): each step's slice of x loaded in the W tile's shape, so that it arrives in W's
-    register layout: loaded as a row, it crosses shared memory behind barriers every step."""
+    register layout: loaded as a row, it crosses shared memory behind barriers every step.
+    `words` (int8 on FMA tiles): widened exactly four a 32-bit word by PTX (widening.py)."""
 
     dot: bool = True
     block_n: int = 64
@@ -33,3 +34,4 @@ class Tiles:
     fold: bool = False
     prefetch: bool = False
     wide_x: bool = False
+    words: bool = False

@@ -6,7 +6,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.gemv.widening import exact_float32, signed_nibble_as
+from aioworker.compute.layers.gemv.widening import (
+    exact_float32,
+    int8_words_as_float32,
+    signed_nibble_as,
+)
 
 
 @triton.jit
@@ -14,14 +18,15 @@ def weight_tile(
     w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
     stride_group, depth, compute_dtype, BITS: tl.constexpr, EVEN_K: tl.constexpr,
     INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WORDS: tl.constexpr = 0,
 ):  # fmt: skip
     """W's rows `w_rows` at columns k0 .. k0 + BLOCK_K, widened to compute_dtype (BITS: float32
     by bit operations, widening.py, not conversion instructions): a stored dtype
     as it is (bf16, e4m3, int8), or with INT4_GROUP, 4-bit values packed INT4_PER_UNIT to a
     stored unit (2 a byte, the first in the high bits, as quantized/weight_only.py packs; 8 an
     int32, the first in the low bits, as compressed-tensors does), w = (q - 8) s + o per group
-    of columns."""
+    of columns. WORDS (int8, float32 tiles): widened four a word by PTX (1), or by Triton's
+    operations on the same bits where the interpreter runs the kernel (2)."""
     # Compiled Triton keeps one return per function: a constexpr branch that returns early would
     # still compile the code after it (the interpreter does not), so each branch is a function.
     if INT4_GROUP == 0:
@@ -32,7 +37,13 @@ def weight_tile(
             stride_group_row, stride_group, depth, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
             INT4_LOW_FIRST, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-    return exact_float32(w).to(compute_dtype) if BITS else w.to(compute_dtype)
+    if WORDS:
+        widened = int8_words_as_float32(w, WORDS == 1)
+    elif BITS:
+        widened = exact_float32(w).to(compute_dtype)
+    else:
+        widened = w.to(compute_dtype)
+    return widened
 
 
 @triton.jit

@@ -107,13 +107,18 @@ def test_refuses_what_it_cannot_multiply() -> None:
         )
 
 
-def test_int8_weights_with_channel_scales_equal_their_dequantized_product() -> None:
+@pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, splits=2),
+                                   Tiles(dot=False, block_n=16, block_k=32, splits=2, words=True)])  # fmt: skip
+def test_int8_weights_with_channel_scales_equal_their_dequantized_product(tiles: Tiles) -> None:
+    """On the FMA tiles also widened four a word (`words`: by PTX on a GPU; the interpreter
+    runs its Triton twin, the same values)."""
     from aioworker.compute.layers.weight_only import quantize_int8
 
-    x, dense = torch.randn(6, 96).to(DEVICE), torch.randn(50, 96)
+    rows = 1 if not tiles.dot else 6
+    x, dense = torch.randn(rows, 96).to(DEVICE), torch.randn(50, 96)
     q, scale = quantize_int8(dense)
     q, scale = q.to(DEVICE), scale.to(DEVICE)
-    got = small_rows_product(x, q, Tiles(block_n=16, block_k=32, splits=2), scale=scale)
+    got = small_rows_product(x, q, tiles, scale=scale)
     torch.testing.assert_close(got, reference(x, q, scale), rtol=1e-4, atol=1e-3)
 
 

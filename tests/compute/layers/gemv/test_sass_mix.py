@@ -33,3 +33,11 @@ def test_the_row_load_waits_on_a_barrier_each_step_and_wide_x_does_not() -> None
     assert row.get("BAR", 0) > 0 and "BAR" not in wide
     # Both multiply each weight once, widened by the packed e4m3x2 conversion.
     assert row["FFMA"] == wide["FFMA"] == 1.0 and row["F2FP"] == wide["F2FP"] == 0.5
+
+
+def test_int8_widened_four_a_word_needs_no_conversion_and_fewer_instructions_than_bits() -> None:
+    """`words`: no conversion instruction (I2F issues at a quarter of the rate), and fewer
+    instructions per weight than `bits`, whose Triton widens each byte to 32 bits first."""
+    words, bits = mix("int8", "fma", "16x256", "--words"), mix("int8", "fma", "16x256", "--bits")
+    assert "I2F" not in words and "I2F" not in bits
+    assert sum(words.values()) < sum(bits.values()) - 0.5
