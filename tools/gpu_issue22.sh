@@ -19,6 +19,8 @@
 #                                 defaults and with PDL, and the kernels' every-shape test
 #   tools/gpu_issue22.sh retune   the kernels' tests, a short refine sweep with PDL, W4 bf16
 #                                 and fp8 off against on (TESTS_S: the tests' time limit)
+#   tools/gpu_issue22.sh int8     the kernels' tests, a refine sweep of wint8 with PDL (words,
+#                                 wide_x; commit the table), W4 wint8
 #   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
 #                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -149,6 +151,14 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -30
     echo "== w4"; tail -9 "$out/w4_a.log"
     ;;
+  int8)  # the kernels' tests, a refine sweep of wint8 with PDL (words, wide_x), W4 wint8
+    TESTS_S=150 tune 200 --refine --pdl --formats wint8
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    w4 wint8 100 c
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama" "$out/gemv_tune.log" | tail -10
+    echo "== w4"; tail -7 "$out/w4_c.log"
+    ;;
   finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
     w4 wint8,wint4 120 b
     timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
@@ -170,6 +180,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|finish" >&2; exit 2 ;;
 esac
 exit 0
