@@ -95,21 +95,17 @@ def candidates(
         programs = -(-(channels // 2 if gated else channels) // block_n) * splits
         if depth // splits < block_k or not sms // 2 <= programs <= 16 * sms:
             continue
-        found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4))
-        if dot and fmt == "fp8":
-            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, a8=True))
-        if fmt != "none":
-            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, bits=True))
-        if splits > 1:
-            found.append(Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, fold=True))
-        if not dot and fmt != "wint4":
-            found.append(
-                Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, wide_x=True)
-            )
-        if not dot and fmt == "wint8":
-            found.append(
-                Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4, words=True)
-            )
+        base = Tiles(dot, block_n, block_k, splits, num_warps=4, num_stages=4)
+        options = {
+            "a8": dot and fmt == "fp8",
+            "bits": fmt != "none",
+            "fold": splits > 1,
+            "wide_x": not dot and fmt != "wint4",
+            "words": not dot and fmt == "wint8",
+        }
+        found += [base] + [
+            dataclasses.replace(base, **{o: True}) for o, on in options.items() if on
+        ]
     return found
 
 

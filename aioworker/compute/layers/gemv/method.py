@@ -23,7 +23,7 @@ from torch import nn
 from aioworker.compute.layers.cpu_packing import CpuPacked
 from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import tiles_for
-from aioworker.compute.layers.gemv.tiles import MAX_ROWS
+from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import silu_and_mul
@@ -85,7 +85,7 @@ class SmallRows:
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
         self.operands = OPERANDS[type(inner)]
         self.devices = kernel_devices()
-        self.stages: dict[tuple, int] = {}  # pipeline stages that fit, by tiling and rows
+        self.fitted: dict[tuple, Tiles] = {}  # the tiling with stages that fit, by key below
 
     def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
         self.inner.create_weights(layer, out_features, in_features)
@@ -127,15 +127,16 @@ class SmallRows:
         # A tiling tuned for bf16 rows may need more shared memory than an SM has with float32
         # rows or the norm's extra operands: fewer pipeline stages, else torch's product.
         key = (tiles, x.dtype, gated, add_norm is not None)
-        for stages in dict.fromkeys((self.stages.get(key, tiles.num_stages), 2, 1)):
+        fitted = self.fitted.get(key)
+        stages = dict.fromkeys((tiles.num_stages, 2, 1))
+        tried = [fitted] if fitted else [dataclasses.replace(tiles, num_stages=s) for s in stages]
+        for cut in tried:
             try:
-                y = small_rows_product(rows.contiguous(), operands.weight,
-                                       dataclasses.replace(tiles, num_stages=stages),
-                                       operands.scale, gated, bias, operands.int4_groups,
-                                       add_norm)  # fmt: skip
+                y = small_rows_product(rows.contiguous(), operands.weight, cut, operands.scale,
+                                       gated, bias, operands.int4_groups, add_norm)  # fmt: skip
             except OutOfResources:
                 continue
-            self.stages[key] = stages
+            self.fitted[key] = cut
             return y
         return None
 

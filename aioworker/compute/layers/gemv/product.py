@@ -4,8 +4,6 @@ optionally of x's residual add and RMSNorm (AddNorm) rather than x."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -127,11 +125,11 @@ def small_rows_product(
 
 
 def _words(tiles: Tiles, weight: torch.Tensor) -> int:
-    """Tiles.words on int8 FMA tiles: by PTX (1), or under Triton's interpreter, which runs no
-    PTX, by Triton's operations (2, the same values); else 0."""
+    """Tiles.words on int8 FMA tiles: by PTX (1), or for CPU tensors, which only Triton's
+    interpreter takes and it runs no PTX, by Triton's operations (2, the same values); else 0."""
     if not tiles.words or tiles.dot or weight.dtype != torch.int8:
         return 0
-    return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+    return 2 if weight.device.type == "cpu" else 1
 
 
 def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) -> int:

@@ -83,6 +83,40 @@ def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -
     torch.testing.assert_close(method.apply_gated(layer, x), torch.nn.functional.silu(gate) * up)
 
 
+def test_a_tiling_out_of_shared_memory_retries_with_fewer_stages_then_gives_up(monkeypatch):
+    """Fewer pipeline stages, remembered for the next product; torch's product where even one
+    stage does not fit."""
+    from triton.runtime.errors import OutOfResources
+
+    layer = torch.nn.Module()
+    method = small_rows(UNQUANTIZED)
+    method.create_weights(layer, 24, 16)
+    layer.weight.data = torch.randn(24, 16)
+    layer.bias = None
+    stages_tried = []
+
+    def fits_below(limit):
+        def launch(x, weight, tiles, *rest):
+            stages_tried.append(tiles.num_stages)
+            if tiles.num_stages > limit:
+                raise OutOfResources(1, 0, "shared memory")
+            return x @ weight.T
+
+        return launch
+
+    x = torch.randn(1, 16)
+    monkeypatch.setattr(product, "small_rows_product", fits_below(2))
+    for _ in range(2):
+        torch.testing.assert_close(method.apply(layer, x), x @ layer.weight.T)
+    first = stages_tried[0]
+    assert first > 2 and stages_tried == [first, 2, 2]  # the second call: the fitted stages
+    monkeypatch.setattr(product, "small_rows_product", fits_below(0))
+    method.fitted.clear()
+    stages_tried.clear()
+    torch.testing.assert_close(method.apply(layer, x), x @ layer.weight.T)  # torch's product
+    assert stages_tried == [first, 2, 1]
+
+
 def test_formats_without_kernels_are_left_as_they_are() -> None:
     class Other:
         name = "wint4"
