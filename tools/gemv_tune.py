@@ -106,6 +106,26 @@ def candidates(
         found += [base] + [
             dataclasses.replace(base, **{o: True}) for o, on in options.items() if on
         ]
+    if not dot and fmt == "wint4":
+        found += blocks_candidates(channels, depth, gated, sms)
+    return found
+
+
+# int4's blocks tiles (int4_blocks.py): a thread takes BLOCK_N * BLOCK_K / (1024 * warps) rows of
+# one block, sharing x's loads and widening between them; 4 and 8 rows issue ~3.7 and ~3.4
+# instructions a weight (tools/sass_mix.py), 8 rows with 4 warps at the edge of spilling.
+BLOCKS_SHAPES = ((64, 512, 4), (128, 256, 4), (64, 256, 4), (32, 512, 2), (64, 256, 2),
+                 (32, 256, 2), (32, 256, 1), (16, 512, 1))  # fmt: skip
+
+
+def blocks_candidates(channels: int, depth: int, gated: bool, sms: int) -> list[Tiles]:
+    found = []
+    for (block_n, block_k, warps), splits in itertools.product(BLOCKS_SHAPES, (1, 2, 4, 8)):
+        programs = -(-(channels // 2 if gated else channels) // block_n) * splits
+        if depth // splits < block_k or not sms // 2 <= programs <= 16 * sms:
+            continue
+        base = Tiles(False, block_n, block_k, splits, warps, num_stages=4, blocks=True)
+        found += [base, dataclasses.replace(base, fold=True)] if splits > 1 else [base]
     return found
 
 
@@ -132,6 +152,11 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
             found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
+    if base.blocks:  # the rows a thread shares x between: warps for the same tile
+        found += [
+            r(base, num_warps=base.num_warps * 2),
+            r(base, num_warps=max(1, base.num_warps // 2)),
+        ]
     if not base.dot and fmt != "wint4":
         found.append(r(base, wide_x=not base.wide_x))
     if not base.dot and fmt == "wint8":
@@ -153,6 +178,9 @@ def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: in
     if rows == 1:
         fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
         found += neighbours(fma, fmt, on)
+        if fmt == "wint4":
+            blocks = Tiles(False, 64, 256, rule.splits, num_warps=2, num_stages=4, blocks=True)
+            found += neighbours(blocks, fmt, on)
         # The 2-8 rows' tiles too: dot tiles pad one row to 16 as they pad 8, and fp8's a8
         # tiles (chosen there) multiply on fp8 tensor cores without widening any weight.
         few = tuned_table().get(table_key(2, channels, depth, weight_format, gated))
@@ -210,7 +238,8 @@ def ours(method, layer, x, gated, tiles):
     from aioworker.compute.layers.gemv.product import small_rows_product
 
     op = OPERANDS[type(method)](layer)
-    return small_rows_product(x, op.weight, tiles, op.scale, gated, None, op.int4_groups)
+    weight = op.int4_blocks if tiles.blocks else op.weight
+    return small_rows_product(x, weight, tiles, op.scale, gated, None, op.int4_groups)
 
 
 def error(got: torch.Tensor, want: torch.Tensor) -> float:

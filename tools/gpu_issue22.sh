@@ -21,6 +21,8 @@
 #                                 and fp8 off against on (TESTS_S: the tests' time limit)
 #   tools/gpu_issue22.sh int8     the kernels' tests, a refine sweep of wint8 with PDL (words,
 #                                 wide_x; commit the table), W4 wint8
+#   tools/gpu_issue22.sh quant    the kernels' tests, a refine sweep of wint8 and wint4 with PDL
+#                                 (int4's blocks, int8's words; commit the table), W4 of both
 #   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
 #                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -159,6 +161,15 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama" "$out/gemv_tune.log" | tail -10
     echo "== w4"; tail -7 "$out/w4_c.log"
     ;;
+  quant)  # the kernels' tests (int4's blocks at each shape, words' PTX), a refine sweep of
+          # wint8 and wint4 with PDL (blocks, words, wide_x; commit the table), W4 wint8, wint4
+    TESTS_S=100 tune 330 --refine --pdl --formats wint8,wint4
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    w4 wint8,wint4 140 q
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -24
+    echo "== w4"; tail -9 "$out/w4_q.log"
+    ;;
   finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
     w4 wint8,wint4 120 b
     timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
@@ -180,6 +191,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|finish" >&2; exit 2 ;;
 esac
 exit 0

@@ -8,6 +8,7 @@ the loop means a shared-memory exchange each step (that is how `wide_x` was foun
     tools/compile_with_gpu_triton.sh                  once: the GPU machine's Triton, in /tmp
     PYTHONPATH=/tmp/triton-3.6.0:. python tools/sass_mix.py e4m3 fma 16x256 [--wide-x]
         [--bits] [--a8] [--rows 16] [--warps 4]
+    python tools/sass_mix.py int4-blocks fma 64x512 --warps 2     int4's blocks layout
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main() -> None:
         BITS=args.bits, A8=args.a8, WIDE_X=args.wide_x and not dot, PDL=False, PREFETCH_LINES=0,
         WORDS=int(args.words and not dot and args.format == "int8"),
         INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
+        INT4_BLOCKS=int(args.format == "int4-blocks" and not dot),
     )  # fmt: skip
     compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": 4})
     counts = opcode_counts(compiled.asm["cubin"])

@@ -41,6 +41,7 @@ import triton.language as tl
 from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
 from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
+from aioworker.compute.layers.gemv.int4_blocks import int4_block_step
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 from aioworker.compute.layers.gemv.weight_tiles import int4_group_scales, int4_values, weight_tile
 
@@ -87,6 +88,7 @@ def _small_rows_kernel(
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_GROUPS: tl.constexpr, WIDE_X: tl.constexpr, WORDS: tl.constexpr,
+    INT4_BLOCKS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr,
@@ -95,8 +97,10 @@ def _small_rows_kernel(
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
     partial_ptr [splits, rows, channels (x2 when GATED)], for `reduce_kernel`, or with FOLD for
     the last of its tile's programs to arrive, which adds them and finishes (finish.py).
-    ROW_GROUPS: FMA on int4 values (int4_row.py). ACC_COLUMNS: an accumulator column per row
-    (DOT), per column of the tile (FMA), or per group of K (ROW_GROUPS). WIDE_X (FMA, stored
+    ROW_GROUPS: FMA on int4 values (int4_row.py), or with INT4_BLOCKS on W in the blocks
+    layout (int4_blocks.py: by PTX, 1, or in the interpreter by Triton's operations, 2).
+    ACC_COLUMNS: an accumulator column per row (DOT), per column of the tile (FMA), or per
+    group of K (ROW_GROUPS; with INT4_BLOCKS per block of 32). WIDE_X (FMA, stored
     formats, not NORMED): x's slice loaded in the W tile's shape [BLOCK_N, BLOCK_K], every row
     the same, so Triton gives it W's register layout and no step exchanges it through shared
     memory. WORDS (int8 on FMA tiles): widened four a 32-bit word by PTX (1; the
@@ -129,7 +133,13 @@ def _small_rows_kernel(
         tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
     for start in range(0, k_per_split, BLOCK_K):
-        if ROW_GROUPS:
+        if INT4_BLOCKS:
+            gate_acc, up_acc = _int4_block_steps(
+                gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,
+                in_range, num_channels, first + start, stride_w, stride_group_row, stride_group,
+                depth, GATED, INT4_BLOCKS, EVEN_K, INT4_GROUP, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+        elif ROW_GROUPS:
             gate_acc, up_acc, squares_sum = _int4_row_steps(
                 gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
@@ -253,6 +263,29 @@ def _rows_step(
         )  # fmt: skip
         acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
     return acc
+
+
+@triton.jit
+def _int4_block_steps(
+    gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range,
+    num_channels, k0, stride_w, stride_group_row, stride_group, depth, GATED: tl.constexpr,
+    ASM: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One step of K of one row times int4 values in the blocks layout (int4_blocks.py): the
+    gate rows', and the up rows' when GATED (their x loads again, from L1)."""
+    gate_acc = int4_block_step(
+        gate_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
+        stride_w, stride_group_row, stride_group, depth, ASM, EVEN_K, INT4_GROUP, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    if GATED:
+        up_acc = int4_block_step(
+            up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels,
+            in_range, k0, stride_w, stride_group_row, stride_group, depth, ASM, EVEN_K,
+            INT4_GROUP, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return gate_acc, up_acc
 
 
 @triton.jit

@@ -35,11 +35,13 @@ from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoa
 @dataclass(frozen=True)
 class KernelOperands:
     """What the kernels read for one layer: its weight as stored, its per-output-channel scale,
-    and for int4 its per-group (scales, offsets)."""
+    and for int4 its per-group (scales, offsets) and, where derived, its blocks layout (the
+    one-row kernel's: int4_blocks.py)."""
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
     int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None
+    int4_blocks: torch.Tensor | None = None
 
 
 # By the method's exact class: a subclass may hold its weights otherwise (the CPU's weight-only
@@ -50,7 +52,10 @@ OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
     Fp8OnLoad: lambda layer: KernelOperands(layer.weight, layer.weight_scale),
     Int8OnLoad: lambda layer: KernelOperands(layer.weight, layer.weight_scale),
     Int4OnLoad: lambda layer: KernelOperands(
-        layer.weight, None, (layer.weight_scale, layer.weight_offset)
+        layer.weight,
+        None,
+        (layer.weight_scale, layer.weight_offset),
+        getattr(layer, "int4_blocks", None),
     ),
     # The checkpoint's int32 words as loaded; scales and offsets read in place from the
     # [G, N, 2] tensor derived for torch's kernel (w = (q - 8) s + o, o = -z s).
@@ -58,6 +63,7 @@ OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
         layer.weight_packed,
         None,
         (layer.int4_scales_and_offsets[..., 0].t(), layer.int4_scales_and_offsets[..., 1].t()),
+        getattr(layer, "int4_blocks", None),
     ),
 }
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -118,7 +124,11 @@ class SmallRows:
         operands = self.operands(layer)
         rows = x.reshape(-1, x.shape[-1])
         tiles = tiles_for(rows.shape[0], operands.weight, gated)
-        if tiles is None:
+        weight = operands.weight
+        if tiles is not None and tiles.blocks:
+            # The blocks kernel takes x as it is: with the norm to fuse, the caller norms first.
+            weight = operands.int4_blocks if add_norm is None else None
+        if tiles is None or weight is None:
             return None
         from triton.runtime.errors import OutOfResources
 
@@ -132,7 +142,7 @@ class SmallRows:
         tried = [fitted] if fitted else [dataclasses.replace(tiles, num_stages=s) for s in stages]
         for cut in tried:
             try:
-                y = small_rows_product(rows.contiguous(), operands.weight, cut, operands.scale,
+                y = small_rows_product(rows.contiguous(), weight, cut, operands.scale,
                                        gated, bias, operands.int4_groups, add_norm)  # fmt: skip
             except OutOfResources:
                 continue

@@ -15,6 +15,7 @@ from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 
 REDUCE_BLOCK = 256
+BLOCKS_K = 32  # K values a block of the int4 blocks layout holds (int4_blocks.py)
 LINE_BYTES = 128  # what a prefetch fetches
 # Arrival counts of a folding split's programs (Tiles.fold), one per output tile, zero between
 # products (the last program of a tile resets its count). One set per device: a device's
@@ -49,7 +50,8 @@ def small_rows_product(
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
     (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
-    w = (q - 8) s + o. Returns [M, N] in x's dtype, or with `gated`
+    w = (q - 8) s + o; with tiles.blocks, weight is int4's blocks layout ([N, K / 8] int32,
+    int4_blocks.py). Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
     before a residual add and RMSNorm, done in the kernel."""
     _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
@@ -76,7 +78,9 @@ def small_rows_product(
         per_unit = INT4_VALUES[weight.dtype]
         if tiles.block_k % group and group % tiles.block_k:
             raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
-        if not tiles.dot and tiles.block_k % group:
+        if tiles.blocks:
+            _check_blocks(weight, tiles, group, add_norm)
+        elif not tiles.dot and tiles.block_k % group:
             raise ValueError(f"FMA tiles on int4 take whole groups: BLOCK_K {tiles.block_k}")
         if tiles.dot and tiles.bits and group % tiles.block_k:
             raise ValueError(
@@ -85,6 +89,8 @@ def small_rows_product(
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
     row_groups = not tiles.dot and group > 0
     acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k
+    if tiles.blocks:
+        acc_columns = tiles.block_k // BLOCKS_K
     placeholder = scale if scale is not None else weight
     normed = add_norm is not None
     residual = add_norm.residual if normed and add_norm.residual is not None else x
@@ -108,7 +114,7 @@ def small_rows_product(
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         WIDE_X=tiles.wide_x and not tiles.dot and not normed and not row_groups,
-        WORDS=_words(tiles, weight),
+        WORDS=_words(tiles, weight), INT4_BLOCKS=_int4_blocks(tiles, weight),
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
@@ -130,6 +136,26 @@ def _words(tiles: Tiles, weight: torch.Tensor) -> int:
     if not tiles.words or tiles.dot or weight.dtype != torch.int8:
         return 0
     return 2 if weight.device.type == "cpu" else 1
+
+
+def _int4_blocks(tiles: Tiles, weight: torch.Tensor) -> int:
+    """Tiles.blocks: widened by PTX (1), or for CPU tensors, in the interpreter, by Triton's
+    operations (2, the same values); else 0."""
+    if not tiles.blocks:
+        return 0
+    return 2 if weight.device.type == "cpu" else 1
+
+
+def _check_blocks(weight: torch.Tensor, tiles: Tiles, group: int, add_norm) -> None:
+    """ValueError naming what the int4 blocks tiles cannot take."""
+    if tiles.dot or weight.dtype != torch.int32:
+        raise ValueError(f"blocks tiles are FMA tiles on int32 words, not {weight.dtype}")
+    if tiles.block_k % BLOCKS_K or group % BLOCKS_K:
+        raise ValueError(
+            f"blocks tiles take K in blocks of {BLOCKS_K}: BLOCK_K {tiles.block_k}, group {group}"
+        )
+    if add_norm is not None:
+        raise ValueError("blocks tiles take x as it is: norm it first")
 
 
 def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) -> int:

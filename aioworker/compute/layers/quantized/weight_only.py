@@ -14,6 +14,8 @@ a write and a read of the dense weight on top of the product.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,6 +67,34 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     return (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
 
 
+def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 (K a multiple of 32) -> [N, K / 8] int32 in the small-rows kernel's
+    blocks layout (gemv/int4_blocks.py says why): K in blocks of 32, four words a block, the
+    value at k = 32 b + 4 i + u in word u of block b, at bits 4i+3 .. 4i+6 (mod 32: the word is
+    rotated left by 3, so the kernel's first pair of values needs no rotation)."""
+    rows, depth = values.shape
+    if depth % 32:
+        raise ValueError(f"the int4 blocks layout takes K in blocks of 32, not {depth}")
+    nibbles = values.to(torch.int64).reshape(rows, depth // 32, 8, 4)  # [N, blocks, i, u]
+    words = (nibbles << _NIBBLE_SHIFTS.to(values.device)).sum(dim=2)  # disjoint bits: an OR
+    rotated = ((words << BLOCKS_ROTATION) | (words >> (32 - BLOCKS_ROTATION))) & 0xFFFFFFFF
+    signed = torch.where(rotated >= 1 << 31, rotated - (1 << 32), rotated)
+    return signed.to(torch.int32).reshape(rows, -1)
+
+
+def unpack_int4_blocks(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4_blocks: [N, K / 8] int32 -> [N, K] uint8 values 0..15."""
+    rows = words.shape[0]
+    bits = words.to(torch.int64) & 0xFFFFFFFF
+    unrotated = (bits >> BLOCKS_ROTATION) | ((bits << (32 - BLOCKS_ROTATION)) & 0xFFFFFFFF)
+    nibbles = (unrotated.reshape(rows, -1, 1, 4) >> _NIBBLE_SHIFTS.to(words.device)) & 0xF
+    return nibbles.to(torch.uint8).reshape(rows, -1)
+
+
+BLOCKS_ROTATION = 3
+_NIBBLE_SHIFTS = (4 * torch.arange(8)).reshape(1, 1, 8, 1)
+
+
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """[N, K / 2] uint8 -> [N, K] uint8 values 0..15."""
     return torch.stack([packed >> 4, packed & 0xF], dim=-1).reshape(packed.shape[0], -1)
@@ -93,6 +123,13 @@ def dequantize_int4_rows(
     return dequantize_int4_values(unpack_nibbles(packed), scales, offsets, dtype)
 
 
+def _blocks_wanted(values: torch.Tensor) -> bool:
+    """The small-rows kernel's blocks layout, where its kernels run: CUDA, or Triton's
+    interpreter (tests). K must come in blocks of 32."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return (values.is_cuda or interpreted) and values.shape[1] % 32 == 0
+
+
 def _inner_k_tiles(in_features: int) -> int:
     return next(t for t in (8, 4, 2) if in_features % (16 * t) == 0)
 
@@ -117,12 +154,14 @@ class Int4Kernels:
         else:
             tiled = torch._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 1)
         refresh(layer, "int4_tiled", tiled)
+        if _blocks_wanted(values):
+            refresh(layer, "int4_blocks", pack_int4_blocks(values))
         scales_and_offsets = torch.stack([scales, offsets], dim=-1).to(KERNEL_DTYPE)
         refresh(layer, "int4_scales_and_offsets", scales_and_offsets.transpose(0, 1).contiguous())
         layer.int4_group = values.shape[1] // scales.shape[1]
 
     def drop_derived(self, layer: nn.Module) -> None:
-        layer.int4_tiled = layer.int4_scales_and_offsets = None
+        layer.int4_tiled = layer.int4_scales_and_offsets = layer.int4_blocks = None
 
     def dequantized(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError

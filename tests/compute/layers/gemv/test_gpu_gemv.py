@@ -1,5 +1,5 @@
 """The small-rows kernels on the GPU at the shapes of configs/models/ and their TP=2 shards, in
-bf16, e4m3, int8 and int4 (bytes and int32 words), with the tiles production picks, and with the
+bf16, e4m3, int8 and int4 (bytes, int32 words and the blocks layout), with the tiles production picks, and with the
 residual add and RMSNorm fused in; a CUDA graph of them equals eager."""
 
 from __future__ import annotations
@@ -62,6 +62,13 @@ def stored(dense: torch.Tensor, fmt: str):
     return packed, None, groups, values
 
 
+def int4_blocks(packed: torch.Tensor) -> torch.Tensor:
+    """int4's bytes in the blocks layout the one-row blocks tiles read (derived at load time)."""
+    from aioworker.compute.layers.quantized.weight_only import pack_int4_blocks, unpack_nibbles
+
+    return pack_int4_blocks(unpack_nibbles(packed))
+
+
 def reference(x, values, gated):
     y = x.float() @ values.T
     if gated:
@@ -89,7 +96,8 @@ def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
             # Split K both ways: a second kernel adds the partials, or the last program (fold).
             for fold in {tiles.fold, tiles.splits > 1}:
                 cut = dataclasses.replace(tiles, fold=fold)
-                got = small_rows_product(x, weight, cut, scale, gated, int4_groups=groups)
+                read = int4_blocks(weight) if cut.blocks else weight  # as the method passes it
+                got = small_rows_product(x, read, cut, scale, gated, int4_groups=groups)
                 error = ((got.float() - want).norm() / want.norm()).item()
                 # a8 tiles quantize x's rows to e4m3 (three mantissa bits): ~3% from x alone,
                 # against the bf16 rows of the reference; a wrong kernel is off by ~100%.
@@ -154,6 +162,34 @@ def test_a8_tiles_equal_their_rows_quantized_per_slice() -> None:
                 error = ((got.float() - want).norm() / want.norm()).item()
                 if error > 1e-2:  # bf16 rounding of the output; A16 differs by ~3e-2
                     failures.append((channels, depth, gated, tiles, rows, error))
+    assert not failures
+
+
+def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
+    """int4's blocks layout (int4_blocks.py: the PTX widening, eight values a word) at one row,
+    every shape of configs/models/ and its TP=2 shards, the sweep's tilings of it, split K added
+    by a second kernel and folded."""
+    from aioworker.compute.layers.gemv.product import small_rows_product
+    from aioworker.compute.layers.gemv.tiles import Tiles
+
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if depth % 32:
+            continue
+        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+        packed, _, groups, values = stored(dense, "int4")
+        blocks = int4_blocks(packed)
+        x = torch.randn(1, depth, device="cuda", dtype=torch.bfloat16)
+        want = reference(x, values, gated)
+        for tiles in (Tiles(False, 64, 256, 1, 2, blocks=True),
+                      Tiles(False, 128, 256, 4, 4, blocks=True),
+                      Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)):  # fmt: skip
+            if depth // tiles.splits < tiles.block_k:
+                continue
+            got = small_rows_product(x, blocks, tiles, None, gated, int4_groups=groups)
+            error = ((got.float() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                failures.append((channels, depth, gated, tiles, error))
     assert not failures
 
 

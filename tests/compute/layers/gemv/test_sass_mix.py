@@ -41,3 +41,13 @@ def test_int8_widened_four_a_word_needs_no_conversion_and_fewer_instructions_tha
     words, bits = mix("int8", "fma", "16x256", "--words"), mix("int8", "fma", "16x256", "--bits")
     assert "I2F" not in words and "I2F" not in bits
     assert sum(words.values()) < sum(bits.values()) - 0.5
+
+
+def test_int4_blocks_issue_fewer_instructions_a_weight_than_the_copy_rate_allows() -> None:
+    """int4's blocks layout (int4_blocks.py): under the ~3.9 instructions a weight an H200 SM
+    can issue at the copy rate of 0.5-byte weights, no barrier, no conversion instruction, and
+    less than half of what the bytes layout's one-row tiles spend."""
+    blocks = mix("int4-blocks", "fma", "64x256", "--warps", "2")
+    plain = mix("int4", "fma", "16x512", "--bits")
+    assert sum(blocks.values()) < 3.9 and "BAR" not in blocks and "I2F" not in blocks
+    assert sum(blocks.values()) < sum(plain.values()) / 2

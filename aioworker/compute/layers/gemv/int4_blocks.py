@@ -1,0 +1,156 @@
+"""One row times int4 weights in the blocks layout: the FMA tiles' int4 variant that an SM can
+issue at the copy rate.
+
+At 0.5 bytes a weight an H200 SM must finish a weight in about 4 issued instructions to keep up
+with the copy bandwidth (132 SMs at ~1.98 GHz, 128 lanes each, against 8.5e12 weights a second).
+The plain layouts (two values a byte, or eight a word in K's order) spend 7-10 (sm_90 SASS,
+tools/sass_mix.py): a shift and a mask per value, a float subtract, and x loaded strided, one
+value at a time. The blocks layout (`quantized/weight_only.pack_int4_blocks`, derived at load
+time) cuts K into blocks of 32 and keeps each block in four int32 words, the value at
+k = 32 b + 4 i + u in word u, at bits 4i+3 .. 4i+6 (each word rotated left by 3). Then
+
+- a value's x is x[32 b + 4 i + u]: for one i the four words' x are contiguous, so x loads as
+  W's tile does, in W's shape and register layout, one vector a step, no shared memory;
+- a word gives its eight values to three rotations and eight LOP3s (PTX, `_WORD_AS_FLOAT32`):
+  rotated right by 8 t, bits 15..18 and 19..22 hold values 3 + 2 t and 4 + 2 t (mod 8), the top
+  of float32's mantissa; OR-ed under the exponents of 2^8 and 2^4 they are the float32 values
+  256 + q and 16 + q, exactly. One mask register serves both (LUT 0x62: a & b where c is 0,
+  c where b is 0);
+- each value costs its LOP3 and its FMA, x (C + q) added to the block's sum; the offsets C
+  (and the format's 8) come off once a block, as (C + 8) times x's sum over that block's
+  values of each kind. C is the smallest the bits allow, so that little cancels: a float32 sum
+  of x (256 + q) keeps x to ~2^-16, where the 8 + q of the plain magic (2^23 + q) would lose
+  all of it.
+
+A block's sum is then scaled as int4_row.py's groups are: w = (q - 8) s + o gives
+s * sum (q - 8) x + o * sum x. The compiled loop spends ~3.5 instructions a weight with eight
+rows a thread sharing x (tools/sass_mix.py int4-blocks fma 64x512 --warps 2). Triton's interpreter
+runs no PTX: there (ASM = 2) the same values come from Triton's operations.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BLOCK = tl.constexpr(32)  # K values a block of four words holds
+# Each rotation's two values: (the nibble of the word, the float offset C it is read with).
+SLOT_A_OFFSET = tl.constexpr(256.0)  # bits 15..18 under the exponent of 2^8
+SLOT_B_OFFSET = tl.constexpr(16.0)  # bits 19..22 under the exponent of 2^4
+
+# $8: a word of the blocks layout; $0..$7: rotations t = 0..3, each giving slot A (bits 15..18,
+# 0x43800000: 256 + q) then slot B (bits 19..22, 0x41800000: 16 + q). LUT 0x62 on (a = the
+# rotated word, b = k, c = the immediate) is (a & b & ~c) | (~b & c): k = 0x007F8000 keeps both
+# slots' bits, the immediate clears the other slot's and sets the exponent.
+_WORD_AS_FLOAT32 = tl.constexpr("""{
+    .reg .b32 k, r1, r2, r3;
+    mov.b32 k, 0x007F8000;
+    shf.r.wrap.b32 r1, $8, $8, 8;
+    shf.r.wrap.b32 r2, $8, $8, 16;
+    shf.r.wrap.b32 r3, $8, $8, 24;
+    lop3.b32 $0, $8, k, 0x43F80000, 0x62;
+    lop3.b32 $1, $8, k, 0x41878000, 0x62;
+    lop3.b32 $2, r1, k, 0x43F80000, 0x62;
+    lop3.b32 $3, r1, k, 0x41878000, 0x62;
+    lop3.b32 $4, r2, k, 0x43F80000, 0x62;
+    lop3.b32 $5, r2, k, 0x41878000, 0x62;
+    lop3.b32 $6, r3, k, 0x43F80000, 0x62;
+    lop3.b32 $7, r3, k, 0x41878000, 0x62;
+}""")
+
+
+@triton.jit
+def int4_block_step(
+    acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+    stride_group_row, stride_group, depth, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """acc [BLOCK_N, BLOCK_K / 32] (float32) plus row 0 of x times W's rows `w_rows` (blocks
+    layout, [N, K / 8] int32) over columns k0 .. k0 + BLOCK_K, summed per block of 32 and
+    scaled by the block's group. ASM: widened by PTX (1) or, in the interpreter, by Triton's
+    operations on the same bits (2)."""
+    BLOCKS: tl.constexpr = BLOCK_K // BLOCK
+    blocks = k0 // BLOCK + tl.arange(0, BLOCKS)
+    units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
+    mask = in_range[:, None, None]
+    if not EVEN_K:
+        mask = mask & (units[None, :, :] < depth // 8)
+    words = tl.load(w_ptr + w_rows[:, None, None] * stride_w + units[None, :, :], mask=mask,
+                    other=0)  # fmt: skip
+    values = _words_as_float32(words, ASM)
+    # x for nibble i of every word: x[32 b + 4 i + u], in the words' shape (each row the same)
+    first_ks = tl.zeros((BLOCK_N, 1, 1), dtype=tl.int32) + (blocks[:, None] * BLOCK
+                                                           + tl.arange(0, 4)[None, :])[None]  # fmt: skip
+    sums = tl.zeros(words.shape, dtype=tl.float32)
+    x_sum_a = tl.zeros(words.shape, dtype=tl.float32)
+    x_sum_b = tl.zeros(words.shape, dtype=tl.float32)
+    for t in tl.static_range(4):
+        x_a = _x_at(x_ptr, first_ks + 4 * ((3 + 2 * t) % 8), depth, EVEN_K)
+        x_b = _x_at(x_ptr, first_ks + 4 * ((4 + 2 * t) % 8), depth, EVEN_K)
+        if t == 0:  # no adds to zero: they are not free, and not dropped (-0.0)
+            sums = values[0] * x_a
+            x_sum_a, x_sum_b = x_a, x_b
+        else:
+            sums += values[2 * t] * x_a
+            x_sum_a += x_a
+            x_sum_b += x_b
+        sums += values[2 * t + 1] * x_b
+    x_a_total = tl.sum(x_sum_a, axis=2)
+    x_b_total = tl.sum(x_sum_b, axis=2)
+    signed_sums = (tl.sum(sums, axis=2) - (SLOT_A_OFFSET + 8.0) * x_a_total
+                   - (SLOT_B_OFFSET + 8.0) * x_b_total)  # fmt: skip
+    groups = blocks * BLOCK // INT4_GROUP
+    group_mask = in_range[:, None] & (blocks[None, :] < depth // BLOCK)  # a split may pass K
+    at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+    s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+    o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
+    return acc + signed_sums * s + o * (x_a_total + x_b_total)
+
+
+@triton.jit
+def _x_at(x_ptr, ks, depth, EVEN_K: tl.constexpr):
+    """x's bf16 values at `ks` as float32, by a shift (a conversion instruction would not be
+    shared between the tile's rows: those loading the same x reuse one load and one shift)."""
+    if EVEN_K:  # noqa: SIM108 - a constexpr branch: the masked load is not compiled
+        x = tl.load(x_ptr + ks)
+    else:
+        x = tl.load(x_ptr + ks, mask=ks < depth, other=0.0)
+    if x.dtype == tl.bfloat16:
+        widened = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        widened = x.to(tl.float32)
+    return widened
+
+
+@triton.jit
+def _words_as_float32(words, ASM: tl.constexpr):
+    """Eight float32 tensors shaped as `words`: rotation t's slot A (256 + q), then its slot B
+    (16 + q), for t = 0..3."""
+    if ASM == 1:
+        values = tl.inline_asm_elementwise(
+            _WORD_AS_FLOAT32, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
+            dtype=(tl.float32,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        bits = words.to(tl.uint32, bitcast=True)
+        values = (
+            _slot_a(bits), _slot_b(bits), _slot_a(_rotr(bits, 8)), _slot_b(_rotr(bits, 8)),
+            _slot_a(_rotr(bits, 16)), _slot_b(_rotr(bits, 16)), _slot_a(_rotr(bits, 24)),
+            _slot_b(_rotr(bits, 24)),
+        )  # fmt: skip
+    return values
+
+
+@triton.jit
+def _rotr(bits, n: tl.constexpr):
+    return (bits >> n) | (bits << (32 - n))
+
+
+@triton.jit
+def _slot_a(bits):
+    return ((bits & 0x78000) | 0x43800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _slot_b(bits):
+    return ((bits & 0x780000) | 0x41800000).to(tl.float32, bitcast=True)

@@ -1,0 +1,181 @@
+"""int4's blocks layout and its one-row kernel (int4_blocks.py) against the dequantized product:
+the layout's places, the widening's eight values a word, uneven K, split K, gating, groups of 32
+and of 128 read in place, and the method choosing it from the table (Triton's interpreter on the
+CPU; the PTX widening on the GPU with -m gpu, test_gpu_gemv.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from aioworker.compute.layers.gemv.int4_blocks import _words_as_float32  # noqa: E402
+from aioworker.compute.layers.gemv.product import AddNorm, small_rows_product  # noqa: E402
+from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
+from aioworker.compute.layers.quantized.weight_only import (  # noqa: E402
+    dequantize_int4_rows,
+    dequantize_int4_values,
+    pack_int4_blocks,
+    quantize_int4_rows,
+    unpack_int4_blocks,
+    unpack_nibbles,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BLOCKS_TILES = [
+    Tiles(dot=False, blocks=True, block_n=16, block_k=64),
+    Tiles(dot=False, blocks=True, block_n=8, block_k=128, splits=3),  # a slice past K's end
+    Tiles(dot=False, blocks=True, block_n=16, block_k=32, splits=2, fold=True),
+]
+
+
+def reference(x, weight, gated=False):
+    y = x.float() @ weight.float().T
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y
+
+
+def test_the_layout_puts_each_value_where_the_kernel_reads_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    values = torch.randint(0, 16, (3, 96), generator=g, dtype=torch.uint8)
+    words = pack_int4_blocks(values)
+    assert words.dtype == torch.int32 and words.shape == (3, 12)
+    assert torch.equal(unpack_int4_blocks(words), values)
+    for n, b, i, u in [(0, 0, 0, 0), (1, 2, 7, 3), (2, 1, 3, 2)]:
+        bits = words[n, 4 * b + u].item() & 0xFFFFFFFF  # k = 32b+4i+u: bits 4i+3.. (mod 32)
+        unrotated = (bits >> 3 | bits << 29) & 0xFFFFFFFF
+        assert (unrotated >> 4 * i) & 0xF == values[n, 32 * b + 4 * i + u]
+    with pytest.raises(ValueError, match="blocks of 32"):
+        pack_int4_blocks(values[:, :40])
+
+
+@triton.jit
+def _widen(words_ptr, out_ptr, ASM: tl.constexpr):
+    values = _words_as_float32(tl.load(words_ptr + tl.arange(0, 4)), ASM)
+    for j in tl.static_range(8):
+        tl.store(out_ptr + j * 4 + tl.arange(0, 4), values[j])
+
+
+def test_a_word_widens_to_its_eight_values_plus_their_offsets() -> None:
+    """Rotation t's slot A is value 3 + 2t read as 256 + q, slot B value 4 + 2t as 16 + q
+    (mod 8): the order the kernel pairs them with x in. On the GPU, the PTX (ASM = 1) too."""
+    values = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 0],
+                           [0] * 8, [15] * 8], dtype=torch.uint8)  # fmt: skip
+    # One block: value i of word u is k = 4 i + u.
+    words = pack_int4_blocks(values.t().reshape(1, 32))[0]
+    want = torch.stack([
+        values[:, (3 + 2 * t + slot) % 8].float() + (16.0 if slot else 256.0)
+        for t in range(4) for slot in (0, 1)
+    ])  # fmt: skip
+    for asm in (1, 2) if DEVICE == "cuda" else (2,):
+        got = torch.zeros(32, device=DEVICE)
+        _widen[(1,)](words.to(DEVICE), got, asm)
+        assert torch.equal(got.cpu().reshape(8, 4), want)
+
+
+@pytest.mark.parametrize("tiles", BLOCKS_TILES)
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_equals_the_dequantized_product(tiles, gated, dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 224, generator=g).to(dtype)  # K: seven blocks, no multiple of a step
+    packed, scales, offsets = quantize_int4_rows(torch.randn(2 * 27, 224, generator=g))
+    blocks = pack_int4_blocks(unpack_nibbles(packed))
+    got = small_rows_product(x.to(DEVICE), blocks.to(DEVICE), tiles, gated=gated,
+                             int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
+    want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    else:  # the output rounded to bf16
+        torch.testing.assert_close(got.cpu().float(), want, rtol=1e-2, atol=5e-2)
+
+
+def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
+    """A group spans four blocks; scales and offsets strided as the [G, N, 2] tensor torch's
+    int4 kernel keeps."""
+    g = torch.Generator().manual_seed(2)
+    values = torch.randint(0, 16, (45, 512), generator=g, dtype=torch.uint8)
+    scales_and_offsets = torch.rand(512 // 128, 45, 2, generator=g) - 0.5
+    scales, offsets = scales_and_offsets[..., 0].t(), scales_and_offsets[..., 1].t()
+    x = torch.randn(1, 512, generator=g)
+    tiles = Tiles(dot=False, blocks=True, block_n=16, block_k=64, splits=2)
+    got = small_rows_product(x.to(DEVICE), pack_int4_blocks(values).to(DEVICE), tiles,
+                             int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
+    want = reference(x, dequantize_int4_values(values, scales, offsets))
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_refuses_what_the_blocks_tiles_cannot_take() -> None:
+    packed, scales, offsets = quantize_int4_rows(torch.randn(8, 128))
+    blocks, groups = pack_int4_blocks(unpack_nibbles(packed)), (scales, offsets)
+    x, tiles = torch.randn(1, 128), Tiles(dot=False, blocks=True, block_n=8, block_k=64)
+    with pytest.raises(ValueError, match="int32 words"):
+        small_rows_product(x, packed, tiles, int4_groups=groups)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        small_rows_product(x, blocks, Tiles(dot=False, blocks=True, block_k=16), int4_groups=groups)
+    with pytest.raises(ValueError, match="norm it first"):
+        add_norm = AddNorm(None, torch.ones(128), 1e-5, None)
+        small_rows_product(x, blocks, tiles, int4_groups=groups, add_norm=add_norm)
+
+
+@pytest.fixture
+def blocks_in_the_table(monkeypatch, tmp_path):
+    """A table naming blocks tiles for one row of a gated 64x224 int4 product."""
+    import json
+
+    from aioworker.compute.layers.gemv import choice
+
+    tiles = {"dot": False, "blocks": True, "block_n": 16, "block_k": 64, "splits": 2}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"device": "test", "tiles": {"64x224 int4 gated one": tiles}}))
+    monkeypatch.setattr(choice, "TABLE_PATH", path)
+    choice.tuned_table.cache_clear()
+    choice._choose.cache_clear()
+    yield
+    choice.tuned_table.cache_clear()
+    choice._choose.cache_clear()
+
+
+def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
+    blocks_in_the_table, monkeypatch
+) -> None:
+    """wint4's layer derives its blocks while loading; the method hands them to the kernel where
+    the table names blocks tiles, and leaves the fused norm to the caller there."""
+    from aioworker.compute.layers.gemv import product
+    from aioworker.compute.layers.gemv.method import small_rows
+    from aioworker.compute.layers.norm import RMSNorm
+    from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD
+
+    layer = torch.nn.Module()
+    method = small_rows(WINT4_ON_LOAD, fuse_norm=True)
+    method.create_weights(layer, 2 * 32, 224)
+    WINT4_ON_LOAD.fill_dummy(layer, lambda dense: dense.normal_(generator=None))
+    method.process_after_loading(layer)
+    assert torch.equal(unpack_int4_blocks(layer.int4_blocks), unpack_nibbles(layer.weight))
+    weights_multiplied = []
+    real = product.small_rows_product
+
+    def recorded(x, weight, tiles, *rest):
+        weights_multiplied.append((weight.dtype, tiles.blocks))
+        return real(x, weight, tiles, *rest)
+
+    monkeypatch.setattr(product, "small_rows_product", recorded)
+    x = torch.randn(1, 224)
+    dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
+    torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),
+                               rtol=1e-3, atol=1e-2)  # fmt: skip
+    assert weights_multiplied == [(torch.int32, True)]
+    norm = RMSNorm(224, 1e-6)
+    assert method.apply_normed(layer, x, None, norm, gated=True) is None
+    assert weights_multiplied == [(torch.int32, True)]  # nothing launched for the normed call
