@@ -108,6 +108,9 @@ def candidates(
         ]
     if not dot and fmt == "wint4":
         found += blocks_candidates(channels, depth, gated, sms)
+    if dot and fmt == "wint4":  # int4's blocks on tensor cores, with and without a pipeline
+        bases = [t for t in found if not (t.bits or t.fold)]
+        found += [dataclasses.replace(t, blocks=True, num_stages=s) for t in bases for s in (1, 4)]
     return found
 
 
@@ -152,11 +155,13 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
             found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
-    if base.blocks:  # the rows a thread shares x between: warps for the same tile
+    if base.blocks and not base.dot:  # the rows a thread shares x between: warps, same tile
         found += [
             r(base, num_warps=base.num_warps * 2),
             r(base, num_warps=max(1, base.num_warps // 2)),
         ]
+    if base.blocks and base.dot:  # one stage keeps the words out of shared memory
+        found.append(r(base, num_stages=1 if base.num_stages > 1 else 4))
     if not base.dot and fmt != "wint4":
         found.append(r(base, wide_x=not base.wide_x))
     if not base.dot and fmt == "wint8":
@@ -175,6 +180,9 @@ def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: in
     rule = rule_tiles(channels, depth, gated, sms)
     on = bool(pdl.launch_options())
     found = neighbours(tuned_table().get(key) or rule, fmt, on) + [rule]
+    if fmt == "wint4":  # int4's blocks on tensor cores: every row count
+        tensor_cores = Tiles(True, 128, 256, rule.splits, num_warps=4, num_stages=1, blocks=True)
+        found += neighbours(tensor_cores, fmt, on)
     if rows == 1:
         fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
         found += neighbours(fma, fmt, on)

@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("tile", help="channels x K per step, e.g. 64x128")
     parser.add_argument("--rows", type=int, default=16, help="dot tiles' padded rows")
     parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=4, help="Triton's pipeline stages")
     parser.add_argument("--bits", action="store_true")
     parser.add_argument("--a8", action="store_true")
     parser.add_argument("--wide-x", action="store_true")
@@ -91,9 +92,9 @@ def main() -> None:
         BITS=args.bits, A8=args.a8, WIDE_X=args.wide_x and not dot, PDL=False, PREFETCH_LINES=0,
         WORDS=int(args.words and not dot and args.format == "int8"),
         INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
-        INT4_BLOCKS=int(args.format == "int4-blocks" and not dot),
+        INT4_BLOCKS=int(args.format == "int4-blocks"),
     )  # fmt: skip
-    compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": 4})
+    compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": args.stages})
     counts = opcode_counts(compiled.asm["cubin"])
     per_thread = block_n * block_k / (32 * args.warps)  # weight elements a thread takes a step
     top = ", ".join(f"{op} {n / per_thread:.2f}" for op, n in counts.most_common())

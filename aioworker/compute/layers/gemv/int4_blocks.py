@@ -9,8 +9,8 @@ value at a time. The blocks layout (`quantized/weight_only.pack_int4_blocks`, de
 time) cuts K into blocks of 32 and keeps each block in four int32 words, the value at
 k = 32 b + 4 i + u in word u, at bits 4i+3 .. 4i+6 (each word rotated left by 3). Then
 
-- a value's x is x[32 b + 4 i + u]: for one i the four words' x are contiguous, so x loads as
-  W's tile does, in W's shape and register layout, one vector a step, no shared memory;
+- a value's x is x[32 b + 4 i + u]: for one i the four words' x are contiguous, one vector
+  load, shared by the rows a thread holds;
 - a word gives its eight values to three rotations and eight LOP3s (PTX, `_WORD_AS_FLOAT32`):
   rotated right by 8 t, bits 15..18 and 19..22 hold values 3 + 2 t and 4 + 2 t (mod 8), the top
   of float32's mantissa; OR-ed under the exponents of 2^8 and 2^4 they are the float32 values
@@ -24,8 +24,10 @@ k = 32 b + 4 i + u in word u, at bits 4i+3 .. 4i+6 (each word rotated left by 3)
 
 A block's sum is then scaled as int4_row.py's groups are: w = (q - 8) s + o gives
 s * sum (q - 8) x + o * sum x. The compiled loop spends ~3.5 instructions a weight with eight
-rows a thread sharing x (tools/sass_mix.py int4-blocks fma 64x512 --warps 2). Triton's interpreter
-runs no PTX: there (ASM = 2) the same values come from Triton's operations.
+rows a thread sharing x under Triton 3.9, ~4.9 under the GPU machine's 3.6 (tools/sass_mix.py
+int4-blocks fma 64x256 --warps 2), where the tensor-core variant (int4_blocks_dot.py) spends
+~3.6 at any row count; the sweep chooses. Triton's interpreter runs no PTX: there (ASM = 2) the
+same values come from Triton's operations.
 """
 
 from __future__ import annotations
@@ -78,12 +80,13 @@ def int4_block_step(
     words = tl.load(w_ptr + w_rows[:, None, None] * stride_w + units[None, :, :], mask=mask,
                     other=0)  # fmt: skip
     values = _words_as_float32(words, ASM)
-    # x for nibble i of every word: x[32 b + 4 i + u], in the words' shape (each row the same)
-    first_ks = tl.zeros((BLOCK_N, 1, 1), dtype=tl.int32) + (blocks[:, None] * BLOCK
-                                                           + tl.arange(0, 4)[None, :])[None]  # fmt: skip
+    # x for value i of every word: x[32 b + 4 i + u], [1, blocks, 4], broadcast over the rows
+    # (loaded in the words' full shape, Triton 3.6 loads and widens it once per row a thread
+    # holds: 5.7 instructions a weight against 4.9; 3.9 shares them either way, 3.4-3.5)
+    first_ks = (blocks[:, None] * BLOCK + tl.arange(0, 4)[None, :])[None]
     sums = tl.zeros(words.shape, dtype=tl.float32)
-    x_sum_a = tl.zeros(words.shape, dtype=tl.float32)
-    x_sum_b = tl.zeros(words.shape, dtype=tl.float32)
+    x_sum_a = tl.zeros((1, BLOCKS, 4), dtype=tl.float32)
+    x_sum_b = tl.zeros((1, BLOCKS, 4), dtype=tl.float32)
     for t in tl.static_range(4):
         x_a = _x_at(x_ptr, first_ks + 4 * ((3 + 2 * t) % 8), depth, EVEN_K)
         x_b = _x_at(x_ptr, first_ks + 4 * ((4 + 2 * t) % 8), depth, EVEN_K)

@@ -42,6 +42,7 @@ from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kerne
 from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
 from aioworker.compute.layers.gemv.int4_blocks import int4_block_step
+from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile, k_order
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 from aioworker.compute.layers.gemv.weight_tiles import int4_group_scales, int4_values, weight_tile
 
@@ -97,8 +98,9 @@ def _small_rows_kernel(
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
     partial_ptr [splits, rows, channels (x2 when GATED)], for `reduce_kernel`, or with FOLD for
     the last of its tile's programs to arrive, which adds them and finishes (finish.py).
-    ROW_GROUPS: FMA on int4 values (int4_row.py), or with INT4_BLOCKS on W in the blocks
-    layout (int4_blocks.py: by PTX, 1, or in the interpreter by Triton's operations, 2).
+    ROW_GROUPS: FMA on int4 values (int4_row.py). INT4_BLOCKS: W in int4's blocks layout, on
+    FMA tiles (int4_blocks.py) or tensor cores (int4_blocks_dot.py), widened by PTX (1) or by
+    Triton's operations (2: the interpreter, and dot tiles for rows other than bf16).
     ACC_COLUMNS: an accumulator column per row (DOT), per column of the tile (FMA), or per
     group of K (ROW_GROUPS; with INT4_BLOCKS per block of 32). WIDE_X (FMA, stored
     formats, not NORMED): x's slice loaded in the W tile's shape [BLOCK_N, BLOCK_K], every row
@@ -133,7 +135,7 @@ def _small_rows_kernel(
         tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
     for start in range(0, k_per_split, BLOCK_K):
-        if INT4_BLOCKS:
+        if INT4_BLOCKS and not DOT:
             gate_acc, up_acc = _int4_block_steps(
                 gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,
                 in_range, num_channels, first + start, stride_w, stride_group_row, stride_group,
@@ -154,7 +156,7 @@ def _small_rows_kernel(
                 rows, num_rows, num_channels, first + start, stride_x,
                 stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
                 A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
-                WIDE_X, WORDS, BLOCK_N, BLOCK_K,
+                WIDE_X, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
@@ -200,11 +202,15 @@ def _stored_step(
     BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr, WORDS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
-    GATED), accumulated."""
-    ks = k0 + tl.arange(0, BLOCK_K)
+    GATED), accumulated. INT4_BLOCKS (dot tiles): the tile's columns, and so x's, in the order
+    int4_blocks_dot.py dequantizes them."""
+    if INT4_BLOCKS:  # noqa: SIM108 - a constexpr branch: one of the two is compiled
+        ks = k0 + k_order(BLOCK_K)
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
     x_mask = rows[:, None] < num_rows
     k_mask = ks[None, :] < depth
     if not EVEN_K:
@@ -224,14 +230,14 @@ def _stored_step(
     gate_acc = _rows_step(
         gate_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
         stride_w, stride_group_row, stride_group, depth, tile_dtype, DOT, IEEE, A8, BITS,
-        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
+        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     if GATED:
         up_acc = _rows_step(
             up_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr,
             channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
             depth, tile_dtype, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-            INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
+            INT4_LOW_FIRST, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
         )  # fmt: skip
     return gate_acc, up_acc, squares_sum
 
@@ -242,12 +248,20 @@ def _rows_step(
     stride_group_row, stride_group, depth, tile_dtype, DOT: tl.constexpr, IEEE: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, WORDS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """acc plus x times W's rows `w_rows` over one step of K: the tile widened then multiplied,
     or for int4 on tensor cores with BITS, q - 8 multiplied as is and the step's group scale and
-    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling."""
-    if INT4_GROUP > 0 and DOT and BITS:
+    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling. With
+    INT4_BLOCKS, int4's blocks layout dequantized a pair at a time (int4_blocks_dot.py)."""
+    if INT4_BLOCKS:
+        w = dequantized_tile(
+            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
+            stride_group_row, stride_group, depth, tile_dtype, INT4_BLOCKS, EVEN_K, INT4_GROUP,
+            BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
+    elif INT4_GROUP > 0 and DOT and BITS:
         q = int4_values(w_ptr, w_rows, in_range, k0, stride_w, depth, tile_dtype, BITS, EVEN_K,
                         INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K)  # fmt: skip
         sums = _accumulate(tl.zeros(acc.shape, dtype=tl.float32), x, x_scale, q, DOT, IEEE, A8)

@@ -126,8 +126,8 @@ class SmallRows:
         tiles = tiles_for(rows.shape[0], operands.weight, gated)
         weight = operands.weight
         if tiles is not None and tiles.blocks:
-            # The blocks kernel takes x as it is: with the norm to fuse, the caller norms first.
-            weight = operands.int4_blocks if add_norm is None else None
+            # The FMA blocks tiles take x as it is: with the norm to fuse, the caller norms.
+            weight = operands.int4_blocks if add_norm is None or tiles.dot else None
         if tiles is None or weight is None:
             return None
         from triton.runtime.errors import OutOfResources

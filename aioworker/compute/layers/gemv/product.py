@@ -89,7 +89,7 @@ def small_rows_product(
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
     row_groups = not tiles.dot and group > 0
     acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k
-    if tiles.blocks:
+    if tiles.blocks and not tiles.dot:
         acc_columns = tiles.block_k // BLOCKS_K
     placeholder = scale if scale is not None else weight
     normed = add_norm is not None
@@ -114,7 +114,7 @@ def small_rows_product(
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         WIDE_X=tiles.wide_x and not tiles.dot and not normed and not row_groups,
-        WORDS=_words(tiles, weight), INT4_BLOCKS=_int4_blocks(tiles, weight),
+        WORDS=_words(tiles, weight), INT4_BLOCKS=_int4_blocks(tiles, weight, x),
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
@@ -138,24 +138,26 @@ def _words(tiles: Tiles, weight: torch.Tensor) -> int:
     return 2 if weight.device.type == "cpu" else 1
 
 
-def _int4_blocks(tiles: Tiles, weight: torch.Tensor) -> int:
-    """Tiles.blocks: widened by PTX (1), or for CPU tensors, in the interpreter, by Triton's
-    operations (2, the same values); else 0."""
+def _int4_blocks(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
+    """Tiles.blocks: widened by PTX (1), or by Triton's operations (2, the same values): for CPU
+    tensors, which only the interpreter takes and it runs no PTX, and on tensor cores for rows
+    other than bf16 (the PTX makes bf16 pairs); else 0."""
     if not tiles.blocks:
         return 0
-    return 2 if weight.device.type == "cpu" else 1
+    by_ptx = weight.device.type != "cpu" and (not tiles.dot or x.dtype == torch.bfloat16)
+    return 1 if by_ptx else 2
 
 
 def _check_blocks(weight: torch.Tensor, tiles: Tiles, group: int, add_norm) -> None:
     """ValueError naming what the int4 blocks tiles cannot take."""
-    if tiles.dot or weight.dtype != torch.int32:
-        raise ValueError(f"blocks tiles are FMA tiles on int32 words, not {weight.dtype}")
+    if weight.dtype != torch.int32:
+        raise ValueError(f"blocks tiles read int32 words, not {weight.dtype}")
     if tiles.block_k % BLOCKS_K or group % BLOCKS_K:
         raise ValueError(
             f"blocks tiles take K in blocks of {BLOCKS_K}: BLOCK_K {tiles.block_k}, group {group}"
         )
-    if add_norm is not None:
-        raise ValueError("blocks tiles take x as it is: norm it first")
+    if add_norm is not None and not tiles.dot:
+        raise ValueError("FMA blocks tiles take x as it is: norm it first")
 
 
 def _prefetch_lines(tiles: Tiles, weight: torch.Tensor, values_per_unit: int) -> int:

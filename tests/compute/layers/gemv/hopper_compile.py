@@ -23,7 +23,8 @@ from aioworker.compute.layers.gemv.kernels import _small_rows_kernel  # noqa: E4
 
 HOPPER = GPUTarget("cuda", 90, 32)
 VARIANTS = ((True, True, False, "add+norm"), (False, False, True, ""), (False, False, True, "norm"))
-BLOCKS_VARIANTS = ((True, True, False, ""), (False, False, True, ""))  # x is never normed there
+# int4's blocks on FMA tiles: x is never normed there
+BLOCKS_VARIANTS = ((True, True, False, ""), (False, False, True, ""))
 WEIGHTS = {"bf16": "*bf16", "e4m3": "*fp8e4nv", "int8": "*i8", "int4": "*u8", "int4-words": "*i32",
            "int4-blocks": "*i32"}  # fmt: skip
 UNIT_BYTES = {"bf16": 2, "e4m3": 1, "int8": 1, "int4": 1, "int4-words": 4, "int4-blocks": 4}
@@ -70,7 +71,7 @@ def product_variant(
         "SCALED": fmt in ("e4m3", "int8"), "HAS_BIAS": not gated, "GATED": gated, "DOT": dot,
         "IEEE": False, "INT4_GROUP": (64 if dot and bits else 32) if int4 else 0,
         "INT4_PER_UNIT": {"int4": 2, "int4-words": 8, "int4-blocks": 8}.get(fmt, 1),
-        "INT4_BLOCKS": int(fmt == "int4-blocks" and not dot),
+        "INT4_BLOCKS": int(fmt == "int4-blocks"),
         "INT4_LOW_FIRST": fmt == "int4-words", "NORMED": bool(norm),
         "HAS_RESIDUAL": norm == "add+norm", "A8": fmt == "e4m3" and dot and split,
         "BITS": bits,
@@ -114,12 +115,11 @@ def reduce_variant(gated: bool):
 def main() -> None:
     options = {"num_warps": 4, "num_stages": 3}
     for fmt, dot in itertools.product(WEIGHTS, (True, False)):
-        if fmt == "int4-blocks" and dot:
-            continue  # FMA tiles only
         # Gated with split K (folded on the dot tiles, reduced by a second kernel on the FMA
         # ones), uneven K, the add and norm, PDL (pdl.py), e4m3's a8 and the FMA tiles' bits;
         # plain with none of them, with and without the norm: every branch once per format.
-        for gated, split, even_k, norm in BLOCKS_VARIANTS if fmt == "int4-blocks" else VARIANTS:
+        fma_blocks = fmt == "int4-blocks" and not dot
+        for gated, split, even_k, norm in BLOCKS_VARIANTS if fma_blocks else VARIANTS:
             variant = product_variant(fmt, gated, dot, split, even_k, norm)
             ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
             waits = "griddepcontrol.wait" in ptx

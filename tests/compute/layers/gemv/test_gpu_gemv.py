@@ -166,9 +166,10 @@ def test_a8_tiles_equal_their_rows_quantized_per_slice() -> None:
 
 
 def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
-    """int4's blocks layout (int4_blocks.py: the PTX widening, eight values a word) at one row,
-    every shape of configs/models/ and its TP=2 shards, the sweep's tilings of it, split K added
-    by a second kernel and folded."""
+    """int4's blocks layout by its PTX widenings: on FMA tiles at one row (int4_blocks.py, eight
+    float32 values a word) and on tensor cores at 1, 3 and 8 (int4_blocks_dot.py, four bf16
+    pairs), every shape of configs/models/ and its TP=2 shards, split K added by a second kernel
+    and folded."""
     from aioworker.compute.layers.gemv.product import small_rows_product
     from aioworker.compute.layers.gemv.tiles import Tiles
 
@@ -179,17 +180,20 @@ def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
         dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
         packed, _, groups, values = stored(dense, "int4")
         blocks = int4_blocks(packed)
-        x = torch.randn(1, depth, device="cuda", dtype=torch.bfloat16)
-        want = reference(x, values, gated)
-        for tiles in (Tiles(False, 64, 256, 1, 2, blocks=True),
-                      Tiles(False, 128, 256, 4, 4, blocks=True),
-                      Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)):  # fmt: skip
+        for rows, tiles in ((1, Tiles(False, 64, 256, 1, 2, blocks=True)),
+                            (1, Tiles(False, 128, 256, 4, 4, blocks=True)),
+                            (1, Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)),
+                            (1, Tiles(True, 128, 256, 1, 4, num_stages=1, blocks=True)),
+                            (3, Tiles(True, 64, 128, 4, 4, blocks=True, fold=True)),
+                            (8, Tiles(True, 128, 256, 2, 4, num_stages=1, blocks=True))):  # fmt: skip
             if depth // tiles.splits < tiles.block_k:
                 continue
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            want = reference(x, values, gated)
             got = small_rows_product(x, blocks, tiles, None, gated, int4_groups=groups)
             error = ((got.float() - want).norm() / want.norm()).item()
             if error > 1e-2:
-                failures.append((channels, depth, gated, tiles, error))
+                failures.append((channels, depth, gated, rows, tiles, error))
     assert not failures
 
 

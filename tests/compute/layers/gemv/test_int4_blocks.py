@@ -101,6 +101,74 @@ def test_one_row_equals_the_dequantized_product(tiles, gated, dtype) -> None:
         torch.testing.assert_close(got.cpu().float(), want, rtol=1e-2, atol=5e-2)
 
 
+@triton.jit
+def _ordered(words_ptr, out_ptr, BLOCK_N: tl.constexpr):
+    """The PTX path's ordering of its four pair tensors, fed pairs made by Triton's operations,
+    against the tile Triton's operations make whole."""
+    from aioworker.compute.layers.gemv.int4_blocks_dot import _pairs_by_triton, in_pair_order
+
+    at = tl.arange(0, BLOCK_N)[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
+    words = tl.load(words_ptr + at)  # [N, 1 block, 4]
+    whole = _pairs_by_triton(words, tl.full((BLOCK_N, 1), 1.0, tl.float32),
+                             tl.zeros((BLOCK_N, 1), tl.float32))  # fmt: skip
+    bits = words.to(tl.uint32, bitcast=True)
+    unrotated = (bits >> 3) | (bits << 29)
+    halves = 16 * tl.arange(0, 2)[None, None, None, :]
+    pairs = [((unrotated[:, :, :, None] >> (4 * t + halves)) & 0xF).to(tl.float32) - 8.0
+             for t in tl.static_range(4)]  # fmt: skip
+    ordered = in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, 1)
+    flat = tl.reshape(ordered, (BLOCK_N * 32,)) - tl.reshape(whole, (BLOCK_N * 32,))
+    tl.store(out_ptr + tl.arange(0, BLOCK_N * 32), flat)
+
+
+def test_the_ptx_pairs_are_put_in_the_order_of_the_columns() -> None:
+    values = torch.randint(0, 16, (4, 32), generator=torch.Generator().manual_seed(6))
+    differences = torch.ones(4 * 32)
+    _ordered[(1,)](pack_int4_blocks(values), differences, 4)
+    assert not differences.any()
+
+
+DOT_BLOCKS_TILES = [
+    Tiles(blocks=True, block_n=16, block_k=32),
+    Tiles(blocks=True, block_n=32, block_k=64, splits=3),  # a slice past K's end
+    Tiles(blocks=True, block_n=16, block_k=32, splits=2, fold=True),
+]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("tiles", DOT_BLOCKS_TILES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_tensor_core_tiles_equal_the_dequantized_product(rows, tiles, gated) -> None:
+    """int4_blocks_dot.py: the tile's columns and x's slice both in the pairs' order (float32
+    rows here: Triton's operations make the tile; on the GPU bf16 rows take the PTX)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 224, generator=g)
+    packed, scales, offsets = quantize_int4_rows(torch.randn(2 * 27, 224, generator=g))
+    blocks = pack_int4_blocks(unpack_nibbles(packed))
+    got = small_rows_product(x.to(DEVICE), blocks.to(DEVICE), tiles, gated=gated,
+                             int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
+    want = reference(x, dequantize_int4_rows(packed, scales, offsets), gated)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_tensor_core_tiles_take_the_residual_add_and_norm() -> None:
+    """x's slice is loaded in the pairs' order: each column is added, normed and written back
+    once all the same."""
+    g = torch.Generator().manual_seed(4)
+    x, residual = torch.randn(3, 224, generator=g), torch.randn(3, 224, generator=g)
+    norm_weight = torch.rand(224, generator=g) + 0.5
+    packed, scales, offsets = quantize_int4_rows(torch.randn(40, 224, generator=g))
+    blocks = pack_int4_blocks(unpack_nibbles(packed))
+    add_norm = AddNorm(residual, norm_weight, 1e-5, torch.empty_like(x))
+    tiles = Tiles(blocks=True, block_n=16, block_k=64, splits=2)
+    got = small_rows_product(x, blocks, tiles, int4_groups=(scales, offsets), add_norm=add_norm)
+    h = x + residual
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
+    want = reference(normed, dequantize_int4_rows(packed, scales, offsets))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    assert torch.equal(add_norm.residual_out, h)
+
+
 def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
     """A group spans four blocks; scales and offsets strided as the [G, N, 2] tensor torch's
     int4 kernel keeps."""
@@ -108,12 +176,13 @@ def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
     values = torch.randint(0, 16, (45, 512), generator=g, dtype=torch.uint8)
     scales_and_offsets = torch.rand(512 // 128, 45, 2, generator=g) - 0.5
     scales, offsets = scales_and_offsets[..., 0].t(), scales_and_offsets[..., 1].t()
-    x = torch.randn(1, 512, generator=g)
-    tiles = Tiles(dot=False, blocks=True, block_n=16, block_k=64, splits=2)
-    got = small_rows_product(x.to(DEVICE), pack_int4_blocks(values).to(DEVICE), tiles,
-                             int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
-    want = reference(x, dequantize_int4_values(values, scales, offsets))
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    want = reference(x := torch.randn(1, 512, generator=g),
+                     dequantize_int4_values(values, scales, offsets))  # fmt: skip
+    for tiles in (Tiles(dot=False, blocks=True, block_n=16, block_k=64, splits=2),
+                  Tiles(blocks=True, block_n=16, block_k=64, splits=2)):  # fmt: skip
+        got = small_rows_product(x.to(DEVICE), pack_int4_blocks(values).to(DEVICE), tiles,
+                                 int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
 
 
 def test_refuses_what_the_blocks_tiles_cannot_take() -> None:
@@ -122,6 +191,8 @@ def test_refuses_what_the_blocks_tiles_cannot_take() -> None:
     x, tiles = torch.randn(1, 128), Tiles(dot=False, blocks=True, block_n=8, block_k=64)
     with pytest.raises(ValueError, match="int32 words"):
         small_rows_product(x, packed, tiles, int4_groups=groups)
+    with pytest.raises(ValueError, match="int32 words"):
+        small_rows_product(x, packed, Tiles(blocks=True, block_k=32), int4_groups=groups)
     with pytest.raises(ValueError, match="blocks of 32"):
         small_rows_product(x, blocks, Tiles(dot=False, blocks=True, block_k=16), int4_groups=groups)
     with pytest.raises(ValueError, match="norm it first"):

@@ -1,0 +1,140 @@
+"""int4's blocks layout (int4_blocks.py) on tensor cores: 1 to 8 rows, padded to 16, at the cost of
+one row.
+
+The FMA tiles multiply each weight once per row; the tensor cores multiply a bf16 tile by all the
+rows at once, so what a weight costs is its widening alone. Here a word's eight values widen as
+four bf16 pairs, each (value t, value t + 4), t = 0..3, by PTX (`_PAIRS_AS_BF16`):
+
+- rotated right by 4 t, the word holds value t at bits 3..6 and value t + 4 at bits 19..22 (the
+  layout rotates each word left by 3): one LOP3 puts both under bf16's exponent of 2^7, the
+  pair (128 + 8 q, 128 + 8 q'), exact in bf16's seven mantissa bits;
+- minus 192, times s / 8 (exact: a power of two) plus o, both packed: (q - 8) s + o, rounded to
+  bf16 once, where the format's own dequantization to bf16 rounds twice.
+
+That is 15 instructions a word, ~1.9 a weight; the tile stays in registers as the tensor cores'
+first operand, and the loop spends ~3.4 a weight in all with one pipeline stage (~4.0 with more:
+the words then pass through shared memory; tools/sass_mix.py int4-blocks dot 128x256 --stages 1):
+under the ~3.9 an SM can issue at the copy rate of 0.5-byte weights, for every row count.
+
+The tile's columns are in the order the pairs come out, not K's: column ((b 4 + t) 2 + h) 4 + u
+holds k = 32 b + 4 (t + 4 h) + u (`k_order`), so that a pair's four words meet four contiguous
+values of x. A product sums over K, so x's slice is loaded in that order and nothing is moved.
+Rows of another dtype than bf16, and Triton's interpreter, which runs no PTX (ASM = 2), get the
+same tile from Triton's operations, in float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# $4: a word of the blocks layout (as two int16); $5: s / 8 and $6: o, each twice (bf16x2);
+# $0..$3: pair t = (value t, value t + 4) dequantized, bf16x2. k holds both values' bits; LUT
+# 0x62 on (a, b = k, c = the immediate) is (a & b & ~c) | (~b & c): the bits under k, the
+# exponent of 2^7 (0x4300 a half) elsewhere.
+_PAIRS_AS_BF16 = tl.constexpr("""{
+    .reg .b32 k, c, r1, r2, r3, v;
+    mov.b32 k, 0x00780078;
+    mov.b32 c, 0x43404340;
+    shf.r.wrap.b32 r1, $4, $4, 4;
+    shf.r.wrap.b32 r2, $4, $4, 8;
+    shf.r.wrap.b32 r3, $4, $4, 12;
+    lop3.b32 v, $4, k, 0x43004300, 0x62;
+    sub.rn.bf16x2 v, v, c;
+    fma.rn.bf16x2 $0, v, $5, $6;
+    lop3.b32 v, r1, k, 0x43004300, 0x62;
+    sub.rn.bf16x2 v, v, c;
+    fma.rn.bf16x2 $1, v, $5, $6;
+    lop3.b32 v, r2, k, 0x43004300, 0x62;
+    sub.rn.bf16x2 v, v, c;
+    fma.rn.bf16x2 $2, v, $5, $6;
+    lop3.b32 v, r3, k, 0x43004300, 0x62;
+    sub.rn.bf16x2 v, v, c;
+    fma.rn.bf16x2 $3, v, $5, $6;
+}""")
+
+
+@triton.jit
+def k_order(BLOCK_K: tl.constexpr):
+    """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`."""
+    blocks = tl.arange(0, BLOCK_K // 32)[:, None, None, None] * 32
+    pairs = 4 * tl.arange(0, 4)[None, :, None, None]
+    halves = 16 * tl.arange(0, 2)[None, None, :, None]
+    units = tl.arange(0, 4)[None, None, None, :]
+    order = tl.reshape(blocks + pairs + halves + units, (BLOCK_K,))
+    # Runs of four contiguous offsets: said outright, as not every Triton sees it through the
+    # reshape (3.6 loaded x one value at a time without it).
+    return tl.max_contiguous(tl.multiple_of(order, 4), 4)
+
+
+@triton.jit
+def dequantized_tile(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, dtype: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """W's rows `w_rows` (blocks layout, [N, K / 8] int32) over one step of K from k0, as
+    (q - 8) s + o in `dtype`, its columns in `k_order`. Past K: zeros (no scale is read there)."""
+    BLOCKS: tl.constexpr = BLOCK_K // 32
+    blocks = k0 // 32 + tl.arange(0, BLOCKS)
+    # Rows past N read row 0 (their sums are never stored): no predicate per loaded element.
+    w_rows = tl.where(in_range, w_rows, 0)
+    at = w_rows[:, None] * stride_group_row + (blocks * 32 // INT4_GROUP)[None, :] * stride_group
+    units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
+    if EVEN_K:
+        s = tl.load(group_scale_ptr + at)
+        o = tl.load(group_offset_ptr + at)
+        mask = None
+    else:
+        group_mask = (blocks < depth // 32)[None, :]
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
+        mask = (units < depth // 8)[None, :, :]
+    if ASM == 1:
+        tile = _pairs_by_ptx(w_ptr, s, o, w_rows, units, mask, stride_w, BLOCK_N, BLOCKS)
+    else:
+        at = w_rows[:, None, None] * stride_w + units[None, :, :]
+        words = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
+        tile = _pairs_by_triton(words, s.to(tl.float32), o.to(tl.float32)).to(dtype)
+    # (word, t, half) to (t, half, word): x's four words of a pair are then contiguous in K
+    return tl.reshape(tl.permute(tile, (0, 1, 3, 4, 2)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _pairs_by_ptx(w_ptr, s, o, w_rows, units, mask, stride_w, BLOCK_N: tl.constexpr,
+                  BLOCKS: tl.constexpr):  # fmt: skip
+    """[N, blocks, 4, 4, 2] bf16: (word, pair t, half) as the PTX makes them. Each word is loaded
+    as two int16, so that one asm instance takes the word and gives two bf16 a register."""
+    halves = units[:, :, None] * 2 + tl.arange(0, 2)[None, None, :]  # [BLOCKS, 4, 2]
+    at = w_rows[:, None, None, None] * (stride_w * 2) + halves[None]
+    if mask is None:
+        words = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
+    else:
+        words = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=mask[:, :, :, None], other=0)
+    eighth_s = (s.to(tl.float32) * 0.125).to(tl.bfloat16)  # exact: a power of two
+    scales = tl.broadcast_to(eighth_s[:, :, None, None], words.shape)
+    offsets = tl.broadcast_to(o.to(tl.bfloat16)[:, :, None, None], words.shape)
+    pairs = tl.inline_asm_elementwise(
+        _PAIRS_AS_BF16, "=r,=r,=r,=r,r,r,r", [words, scales, offsets],
+        dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2,
+    )  # fmt: skip
+    return in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, BLOCKS)
+
+
+@triton.jit
+def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """Four [N, blocks, 4, 2] tensors, pair t's (value t, value t + 4) of each word, as one
+    [N, blocks, 4, 4, 2]: (word, t, half)."""
+    # join: [..., half, t % 2, t // 2]; to [..., t // 2, t % 2, half]: t, then the half
+    joined = tl.join(tl.join(pair0, pair1), tl.join(pair2, pair3))
+    return tl.reshape(tl.permute(joined, (0, 1, 2, 5, 4, 3)), (BLOCK_N, BLOCKS, 4, 4, 2))
+
+
+@triton.jit
+def _pairs_by_triton(words, s, o):
+    """The same values in float32 from Triton's operations: [N, blocks, 4, 4, 2]."""
+    bits = words.to(tl.uint32, bitcast=True)
+    unrotated = (bits >> 3) | (bits << 29)
+    shifts = 4 * (tl.arange(0, 4)[:, None] + 4 * tl.arange(0, 2)[None, :])  # [t, half]
+    q = (unrotated[:, :, :, None, None] >> shifts[None, None, None, :, :]) & 0xF
+    return (q.to(tl.float32) - 8.0) * s[:, :, None, None, None] + o[:, :, None, None, None]
