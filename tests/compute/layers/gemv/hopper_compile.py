@@ -58,7 +58,7 @@ PRODUCT_ARGS = [
 
 def product_variant(
     fmt: str, gated: bool, dot: bool, split: bool, even_k: bool, norm: str, aligned: bool = False,
-    **overrides,
+    x: str = "*bf16", **overrides,
 ):  # fmt: skip
     """norm: "" (none), "norm" (the norm fused, no residual), "add+norm" (both). aligned: the
     pointers, sizes and strides divisible by 16, as Triton specializes them when they are (its
@@ -82,7 +82,7 @@ def product_variant(
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
     }  # fmt: skip
-    pointers = {"x_ptr": "*bf16", "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
+    pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
     signature = {
         name: pointers.get(name, "*bf16" if name.endswith("_ptr") else "i32")
@@ -126,6 +126,11 @@ def main() -> None:
             assert waits == split, "a PDL launch must wait on the kernel before it first"
             assert ("prefetch.global.L2" in ptx) == split, "the PDL variant prefetches W"
             print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k} {norm}")
+    for dot in (True, False):  # int4's blocks for float32 rows: Triton's operations, not PTX
+        variant = product_variant("int4-blocks", True, dot, True, False, "", x="*fp32",
+                                  INT4_BLOCKS=2, IEEE=True)  # fmt: skip
+        triton.compile(variant, HOPPER, options)
+        print(f"compiled int4-blocks dot={dot} float32 rows")
     for gated in (False, True):
         triton.compile(reduce_variant(gated), HOPPER, options)
         print(f"compiled reduce gated={gated}")
