@@ -163,9 +163,13 @@ case "${1:-}" in
     ;;
   quant)  # the kernels' tests (int4's blocks at each shape, words' PTX), a refine sweep of
           # wint8 and wint4 with PDL (blocks, words, wide_x; commit the table), W4 wint8, wint4
-    TESTS_S=100 tune 330 --refine --pdl --formats wint8,wint4
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
+      -k "blocks or bits or quantized" > "$out/gemv_tests.log" 2>&1
+    timeout 320 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 270 \
+      --write-table --refine --pdl --formats wint8,wint4 > "$out/gemv_tune.log" 2>&1
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
-    w4 wint8,wint4 140 q
+    w4 wint8,wint4 120 q
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -24
     echo "== w4"; tail -9 "$out/w4_q.log"

@@ -313,14 +313,25 @@ def dequantized_values(layer) -> torch.Tensor:
     return layer.weight.float() * layer.weight_scale.float()[:, None]
 
 
-@pytest.mark.parametrize("quantization", ["fp8", "wint8", "wint4"])
+def blocks_tiles(rows, weight, gated):
+    """int4's blocks layout for every product: FMA tiles at one row, tensor cores above."""
+    from aioworker.compute.layers.gemv.tiles import Tiles
+
+    if rows == 1:
+        return Tiles(False, 16, 64, 2, 2, blocks=True)
+    return Tiles(True, 32, 64, 2, 4, num_stages=1, blocks=True)
+
+
+@pytest.mark.parametrize("quantization", ["fp8", "wint8", "wint4", "wint4-blocks"])
 def test_quantized_formats_multiply_as_their_dequantized_weights(
     quantization, tmp_path, monkeypatch
 ) -> None:
     """Each format through the whole model (float32), the same token sequences scored in passes
     of 8 rows (chunked prefill, so the kernels multiply every pass) against the model whose
     products are x times the dequantized weights in float32. The format's own torch path is no
-    reference here: fp8's quantizes the rows too (W8A8), the weight-only ones round them to bf16."""
+    reference here: fp8's quantizes the rows too (W8A8), the weight-only ones round them to bf16.
+    wint4-blocks: int4's products all on its blocks layout (tiny shapes are on no table)."""
+    from aioworker.compute.layers.gemv import method as gemv_method
     from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
     from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoad
     from aioworker.core.sampling_params import SamplingParams
@@ -328,6 +339,8 @@ def test_quantized_formats_multiply_as_their_dequantized_weights(
 
     build_tiny_model("llama", tmp_path, logit_scale=4.0)
     params = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    blocks = quantization == "wint4-blocks"
+    quantization = "wint4" if blocks else quantization
     scored = []
     for kernels in (False, True):
         if not kernels:
@@ -337,6 +350,8 @@ def test_quantized_formats_multiply_as_their_dequantized_weights(
                 ).to(x.dtype))  # fmt: skip
         else:
             monkeypatch.undo()
+            if blocks:
+                monkeypatch.setattr(gemv_method, "tiles_for", blocks_tiles)
         engine = tiny_engine(
             tmp_path, quantization, kernels, **{"scheduler.max_num_batched_tokens": 8}
         )
