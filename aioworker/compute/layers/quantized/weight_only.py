@@ -71,15 +71,18 @@ def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
     """[N, K] values 0..15 (K a multiple of 32) -> [N, K / 8] int32 in the small-rows kernel's
     blocks layout (gemv/int4_blocks.py says why): K in blocks of 32, four words a block, the
     value at k = 32 b + 4 i + u in word u of block b, at bits 4i+3 .. 4i+6 (mod 32: the word is
-    rotated left by 3, so the kernel's first pair of values needs no rotation)."""
+    rotated left by 3, so the kernels' first pair of values needs no rotation). Built one value
+    place at a time: no temporary larger than the result."""
     rows, depth = values.shape
     if depth % 32:
         raise ValueError(f"the int4 blocks layout takes K in blocks of 32, not {depth}")
-    nibbles = values.to(torch.int64).reshape(rows, depth // 32, 8, 4)  # [N, blocks, i, u]
-    words = (nibbles << _NIBBLE_SHIFTS.to(values.device)).sum(dim=2)  # disjoint bits: an OR
-    rotated = ((words << BLOCKS_ROTATION) | (words >> (32 - BLOCKS_ROTATION))) & 0xFFFFFFFF
-    signed = torch.where(rotated >= 1 << 31, rotated - (1 << 32), rotated)
-    return signed.to(torch.int32).reshape(rows, -1)
+    places = values.reshape(rows, depth // 32, 8, 4)  # [N, blocks, i, u]
+    words = torch.zeros(rows, depth // 32, 4, dtype=torch.int32, device=values.device)
+    for i in range(8):  # int32 shifts wrap: the top value lands in the sign bit, as wanted
+        words |= places[:, :, i, :].to(torch.int32) << (4 * i + BLOCKS_ROTATION) % 32
+        if 4 * i + BLOCKS_ROTATION + 4 > 32:  # the value rotated across the word's end
+            words |= places[:, :, i, :].to(torch.int32) >> (32 - 4 * i - BLOCKS_ROTATION)
+    return words.reshape(rows, -1)
 
 
 def unpack_int4_blocks(words: torch.Tensor) -> torch.Tensor:
@@ -87,12 +90,12 @@ def unpack_int4_blocks(words: torch.Tensor) -> torch.Tensor:
     rows = words.shape[0]
     bits = words.to(torch.int64) & 0xFFFFFFFF
     unrotated = (bits >> BLOCKS_ROTATION) | ((bits << (32 - BLOCKS_ROTATION)) & 0xFFFFFFFF)
-    nibbles = (unrotated.reshape(rows, -1, 1, 4) >> _NIBBLE_SHIFTS.to(words.device)) & 0xF
+    shifts = (4 * torch.arange(8, device=words.device)).reshape(1, 1, 8, 1)
+    nibbles = (unrotated.reshape(rows, -1, 1, 4) >> shifts) & 0xF
     return nibbles.to(torch.uint8).reshape(rows, -1)
 
 
 BLOCKS_ROTATION = 3
-_NIBBLE_SHIFTS = (4 * torch.arange(8)).reshape(1, 1, 8, 1)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
