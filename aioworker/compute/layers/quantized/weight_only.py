@@ -5,7 +5,8 @@
 - int4: asymmetric groups of 32 inputs (layers/weight_only.py says why 32) (w ~ (q - 8) s + z, torch's tinygemm
   convention), stored plainly as two values a byte ([N, K / 2], high nibble first) with scales
   and offsets [N, K / G], so a shard's rows load and stage anywhere; after loading, the
-  kernel's own layout is derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU).
+  kernels' own layouts are derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU, and
+  where the small-rows kernels run, their blocks layout: `pack_int4_blocks`).
 
 Both kernels are built for a few rows. Past MAX_KERNEL_ROWS (prefill, large decode batches) the
 weight is dequantized into a bfloat16 scratch and multiplied by the dense GEMM, which then costs
