@@ -250,3 +250,11 @@ def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
     norm = RMSNorm(224, 1e-6)
     assert method.apply_normed(layer, x, None, norm, gated=True) is None
     assert weights_multiplied == [(torch.int32, True)]  # nothing launched for the normed call
+    # A weights update re-derives the blocks in place: a captured graph reads the new values.
+    blocks_memory = layer.int4_blocks.data_ptr()
+    WINT4_ON_LOAD.fill_dummy(layer, lambda dense: dense.uniform_(-1.0, 1.0))
+    method.process_after_loading(layer)
+    assert layer.int4_blocks.data_ptr() == blocks_memory
+    dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
+    torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),
+                               rtol=1e-3, atol=1e-2)  # fmt: skip
