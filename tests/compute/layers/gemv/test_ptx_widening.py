@@ -1,6 +1,7 @@
-"""The PTX that widens int4's blocks layout, run on the CPU by a small emulator of the six
-instructions it uses: its masks, lookup tables, exponents and rotations give the values the
-kernels pair with x (the GPU tests run the real thing; this catches a wrong constant without one)."""
+"""The PTX the small-rows kernels widen weights with (int4's blocks layout, int8's `words`), run on
+the CPU by a small emulator of the instructions it uses: its masks, lookup tables, exponents,
+byte selectors and rotations give the values the kernels pair with x (the GPU tests run the real
+thing; this catches a wrong constant without one)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from aioworker.compute.layers.gemv import int4_blocks, int4_blocks_dot  # noqa: E402
+from aioworker.compute.layers.gemv import int4_blocks, int4_blocks_dot, widening  # noqa: E402
 from aioworker.compute.layers.quantized.weight_only import pack_int4_blocks  # noqa: E402
 
 MASK = 0xFFFFFFFF
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 def _bf16_pair(bits: int) -> tuple[float, float]:
@@ -34,6 +43,8 @@ def run_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
     regs = dict(inputs)
 
     def value(operand: str) -> int:
+        if operand.startswith("0f"):  # a float32 literal, by its bits
+            return int(operand[2:], 16)
         return int(operand, 0) & MASK if operand[0].isdigit() else regs[operand]
 
     for line in asm.splitlines():
@@ -52,6 +63,13 @@ def run_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
                 ((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i
                 for i in range(32)
             )
+        elif op == "xor.b32":
+            regs[out] = src[0] ^ src[1]
+        elif op == "prmt.b32":  # byte i of the result: byte (selector nibble i) of (b:a)
+            pool = (src[1] << 32 | src[0]).to_bytes(8, "little")
+            regs[out] = int.from_bytes(bytes(pool[src[2] >> 4 * i & 7] for i in range(4)), "little")
+        elif op == "sub.f32":
+            regs[out] = _f32_bits(_f32(src[0]) - _f32(src[1]))
         elif op == "sub.rn.bf16x2":
             (a0, a1), (b0, b1) = _bf16_pair(src[0]), _bf16_pair(src[1])
             regs[out] = _pack_bf16(a0 - b0, a1 - b1)
@@ -74,7 +92,7 @@ def _values_and_word(seed: int) -> tuple[list[int], int]:
 def test_fma_widening_gives_each_value_under_its_offset(seed: int) -> None:
     values, word = _values_and_word(seed)
     regs = run_ptx(int4_blocks._WORD_AS_FLOAT32.value, {"$8": word})
-    got = [struct.unpack("<f", struct.pack("<I", regs[f"${j}"]))[0] for j in range(8)]
+    got = [_f32(regs[f"${j}"]) for j in range(8)]
     want = [
         (16.0 if slot else 256.0) + values[(3 + 2 * t + slot) % 8]
         for t in range(4)
@@ -97,3 +115,12 @@ def test_tensor_core_widening_dequantizes_each_pair_once(seed: int) -> None:
         got = _bf16_pair(regs[f"${t}"])
         want = _bf16_pair(_pack_bf16(*((values[t + 4 * h] - 8) * s_bf16 + o_bf16 for h in (0, 1))))
         assert got == want  # (q - 8) s + o, rounded to bf16 once
+
+
+def test_int8_words_widen_four_values_a_word_in_order() -> None:
+    """widening.py's `words`: byte n of the word, the n-th value along K, as float32 q."""
+    values = [-128, -1, 0, 127, 5, -77, 64, 33]
+    for first in (0, 4):
+        word = int.from_bytes(bytes(v & 0xFF for v in values[first : first + 4]), "little")
+        regs = run_ptx(widening._INT8_WORD_AS_FLOAT32.value, {"$4": word})
+        assert [_f32(regs[f"${n}"]) for n in range(4)] == values[first : first + 4]
