@@ -102,12 +102,23 @@ def int4_block_step(
     x_b_total = tl.sum(x_sum_b, axis=2)
     signed_sums = (tl.sum(sums, axis=2) - (SLOT_A_OFFSET + 8.0) * x_a_total
                    - (SLOT_B_OFFSET + 8.0) * x_b_total)  # fmt: skip
-    groups = blocks * BLOCK // INT4_GROUP
+    groups = block_groups(blocks, INT4_GROUP)
     group_mask = in_range[:, None] & (blocks[None, :] < depth // BLOCK)  # a split may pass K
     at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
     s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
     o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
     return acc + signed_sums * s + o * (x_a_total + x_b_total)
+
+
+@triton.jit
+def block_groups(blocks, INT4_GROUP: tl.constexpr):
+    """The scale group of each block of 32 (the blocks themselves for groups of 32, said so
+    that the scales' loads stay contiguous, hence vectorized, to the compiler)."""
+    if INT4_GROUP == BLOCK:  # noqa: SIM108 - a constexpr branch
+        groups = blocks
+    else:
+        groups = blocks * BLOCK // INT4_GROUP
+    return groups
 
 
 @triton.jit

@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gemv.int4_blocks import block_groups
+
 # $4: a word of the blocks layout (as two int16); $5: s / 8 and $6: o, each twice (bf16x2);
 # $0..$3: pair t = (value t, value t + 4) dequantized, bf16x2. k holds both values' bits; LUT
 # 0x62 on (a, b = k, c = the immediate) is (a & b & ~c) | (~b & c): the bits under k, the
@@ -79,7 +81,10 @@ def dequantized_tile(
     blocks = k0 // 32 + tl.arange(0, BLOCKS)
     # Rows past N read row 0 (their sums are never stored): no predicate per loaded element.
     w_rows = tl.where(in_range, w_rows, 0)
-    at = w_rows[:, None] * stride_group_row + (blocks * 32 // INT4_GROUP)[None, :] * stride_group
+    at = (
+        w_rows[:, None] * stride_group_row
+        + block_groups(blocks, INT4_GROUP)[None, :] * stride_group
+    )
     units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
     if EVEN_K:
         s = tl.load(group_scale_ptr + at)
@@ -91,7 +96,7 @@ def dequantized_tile(
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
         mask = (units < depth // 8)[None, :, :]
     if ASM == 1:
-        tile = _pairs_by_ptx(w_ptr, s, o, w_rows, units, mask, stride_w, BLOCK_N, BLOCKS)
+        tile = _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N, BLOCKS)
     else:
         at = w_rows[:, None, None] * stride_w + units[None, :, :]
         words = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
@@ -101,16 +106,20 @@ def dequantized_tile(
 
 
 @triton.jit
-def _pairs_by_ptx(w_ptr, s, o, w_rows, units, mask, stride_w, BLOCK_N: tl.constexpr,
+def _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N: tl.constexpr,
                   BLOCKS: tl.constexpr):  # fmt: skip
     """[N, blocks, 4, 4, 2] bf16: (word, pair t, half) as the PTX makes them. Each word is loaded
     as two int16, so that one asm instance takes the word and gives two bf16 a register."""
-    halves = units[:, :, None] * 2 + tl.arange(0, 2)[None, None, :]  # [BLOCKS, 4, 2]
-    at = w_rows[:, None, None, None] * (stride_w * 2) + halves[None]
+    # The step's halves as one contiguous run a row (so that every Triton loads it in vectors),
+    # then (block, word, half).
+    halves = k0 // 4 + tl.arange(0, BLOCKS * 8)  # word k0 / 8 is half k0 / 4
+    at = w_rows[:, None] * (stride_w * 2) + halves[None, :]
     if mask is None:
-        words = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
+        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
     else:
-        words = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=mask[:, :, :, None], other=0)
+        in_k = tl.reshape(tl.broadcast_to(mask[:, :, :, None], (1, BLOCKS, 4, 2)), (1, BLOCKS * 8))
+        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=in_k, other=0)
+    words = tl.reshape(flat, (BLOCK_N, BLOCKS, 4, 2))
     eighth_s = (s.to(tl.float32) * 0.125).to(tl.bfloat16)  # exact: a power of two
     scales = tl.broadcast_to(eighth_s[:, :, None, None], words.shape)
     offsets = tl.broadcast_to(o.to(tl.bfloat16)[:, :, None, None], words.shape)
