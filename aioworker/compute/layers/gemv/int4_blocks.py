@@ -26,7 +26,7 @@ A block's sum is then scaled as int4_row.py's groups are: w = (q - 8) s + o give
 s * sum (q - 8) x + o * sum x. The compiled loop spends ~3.5 instructions a weight with eight
 rows a thread sharing x under Triton 3.9, ~4.9 under the GPU machine's 3.6 (tools/sass_mix.py
 int4-blocks fma 64x256 --warps 2), where the tensor-core variant (int4_blocks_dot.py) spends
-~3.6 at any row count; the sweep chooses. Triton's interpreter runs no PTX: there (ASM = 2) the
+~3.2 at any row count; the sweep chooses. Triton's interpreter runs no PTX: there (ASM = 2) the
 same values come from Triton's operations.
 """
 

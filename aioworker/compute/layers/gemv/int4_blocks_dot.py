@@ -12,7 +12,7 @@ four bf16 pairs, each (value t, value t + 4), t = 0..3, by PTX (`_PAIRS_AS_BF16`
   bf16 once, where the format's own dequantization to bf16 rounds twice.
 
 That is 15 instructions a word, ~1.9 a weight; the tile stays in registers as the tensor cores'
-first operand, and the loop spends ~3.4 a weight in all with one pipeline stage (~4.0 with more:
+first operand, and the loop spends ~3.2 a weight in all with one pipeline stage (~3.8 with more:
 the words then pass through shared memory; tools/sass_mix.py int4-blocks dot 128x256 --stages 1):
 under the ~3.9 an SM can issue at the copy rate of 0.5-byte weights, for every row count.
 
