@@ -84,8 +84,9 @@ def candidates(
     """Tilings that give the device between half a program and 16 programs per SM; for fp8,
     each dot tiling also with its rows quantized to e4m3 (a8), for a quantized format each
     tiling also widening by bit operations (bits), each split one also folded (fold), and each FMA
-    one of a stored format also with x loaded in W's tile shape (wide_x), and int8's widened four
-    a word by PTX (words)."""
+    one of a stored format also with x loaded in W's tile shape (wide_x), int8's widened a word
+    at a time by PTX (words; on tensor cores also with one stage), and int4's blocks layout's
+    tilings (blocks)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -101,7 +102,7 @@ def candidates(
             "bits": fmt != "none",
             "fold": splits > 1,
             "wide_x": not dot and fmt != "wint4",
-            "words": not dot and fmt == "wint8",
+            "words": fmt == "wint8",
         }
         found += [base] + [
             dataclasses.replace(base, **{o: True}) for o, on in options.items() if on
@@ -111,6 +112,8 @@ def candidates(
     if dot and fmt == "wint4":  # int4's blocks on tensor cores, with and without a pipeline
         bases = [t for t in found if not (t.bits or t.fold)]
         found += [dataclasses.replace(t, blocks=True, num_stages=s) for t in bases for s in (1, 4)]
+    if dot and fmt == "wint8":  # int8's bf16 pairs on tensor cores, also with one stage
+        found += [dataclasses.replace(t, num_stages=1) for t in found if t.words]
     return found
 
 
@@ -160,11 +163,11 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
             r(base, num_warps=base.num_warps * 2),
             r(base, num_warps=max(1, base.num_warps // 2)),
         ]
-    if base.blocks and base.dot:  # one stage keeps the words out of shared memory
+    if base.dot and (base.blocks or base.words):  # one stage: no trip through shared memory
         found.append(r(base, num_stages=1 if base.num_stages > 1 else 4))
     if not base.dot and fmt != "wint4":
         found.append(r(base, wide_x=not base.wide_x))
-    if not base.dot and fmt == "wint8":
+    if fmt == "wint8":
         found.append(r(base, words=not base.words))
     if pdl_on:
         found.append(r(base, prefetch=not base.prefetch))

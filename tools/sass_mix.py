@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--bits", action="store_true")
     parser.add_argument("--a8", action="store_true")
     parser.add_argument("--wide-x", action="store_true")
-    parser.add_argument("--words", action="store_true", help="int8 FMA: four a word by PTX")
+    parser.add_argument("--words", action="store_true", help="int8: a word at a time by PTX")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -90,7 +90,7 @@ def main() -> None:
         args.format, False, dot, False, True, "", aligned=True, BLOCK_N=block_n,
         BLOCK_K=block_k, BLOCK_M=rows, ACC_COLUMNS=rows if dot else block_k // 32 if int4 else block_k,
         BITS=args.bits, A8=args.a8, WIDE_X=args.wide_x and not dot, PDL=False, PREFETCH_LINES=0,
-        WORDS=int(args.words and not dot and args.format == "int8"),
+        WORDS=int(args.words and args.format == "int8"),
         INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
     )  # fmt: skip

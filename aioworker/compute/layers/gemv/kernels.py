@@ -44,7 +44,12 @@ from aioworker.compute.layers.gemv.finish import fold, store_output
 from aioworker.compute.layers.gemv.int4_blocks import int4_block_step
 from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile, k_order
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
-from aioworker.compute.layers.gemv.weight_tiles import int4_group_scales, int4_values, weight_tile
+from aioworker.compute.layers.gemv.weight_tiles import (
+    int4_group_scales,
+    int4_values,
+    int8_pairs_tile,
+    weight_tile,
+)
 
 
 @triton.jit
@@ -105,8 +110,9 @@ def _small_rows_kernel(
     group of K (ROW_GROUPS; with INT4_BLOCKS per block of 32). WIDE_X (FMA, stored
     formats, not NORMED): x's slice loaded in the W tile's shape [BLOCK_N, BLOCK_K], every row
     the same, so Triton gives it W's register layout and no step exchanges it through shared
-    memory. WORDS (int8 on FMA tiles): widened four a 32-bit word by PTX (1; the
-    interpreter: 2, the same values by Triton's operations, widening.py). NORMED (add_norm.py):
+    memory. WORDS (int8): widened a 32-bit word at a time by PTX (1; on FMA tiles four float32,
+    on tensor cores two bf16 pairs; the interpreter: 2, the same values by Triton's operations,
+    widening.py). NORMED (add_norm.py):
     x is the row before the residual add and the norm; residual and residual_out laid out as x;
     with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
     tile's, [tiles, splits, rows]). PREFETCH_LINES (with PDL): the lines of each of the
@@ -260,6 +266,10 @@ def _rows_step(
             stride_group_row, stride_group, depth, tile_dtype, INT4_BLOCKS, EVEN_K, INT4_GROUP,
             BLOCK_N, BLOCK_K,
         )  # fmt: skip
+        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
+    elif DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
+        w = int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N,
+                            BLOCK_K)  # fmt: skip
         acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
     elif INT4_GROUP > 0 and DOT and BITS:
         q = int4_values(w_ptr, w_rows, in_range, k0, stride_w, depth, tile_dtype, BITS, EVEN_K,

@@ -114,7 +114,7 @@ def small_rows_product(
         SPLIT=splits > 1, FOLD=fold, EVEN_K=depth % tiles.block_k == 0 and per_split * splits == depth,
         ROW_GROUPS=row_groups, ACC_COLUMNS=acc_columns,
         WIDE_X=tiles.wide_x and not tiles.dot and not normed and not row_groups,
-        WORDS=_words(tiles, weight), INT4_BLOCKS=_int4_blocks(tiles, weight, x),
+        WORDS=_words(tiles, weight, x), INT4_BLOCKS=_int4_blocks(tiles, weight, x),
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
@@ -130,11 +130,16 @@ def small_rows_product(
     return out
 
 
-def _words(tiles: Tiles, weight: torch.Tensor) -> int:
-    """Tiles.words on int8 FMA tiles: by PTX (1), or for CPU tensors, which only Triton's
-    interpreter takes and it runs no PTX, by Triton's operations (2, the same values); else 0."""
-    if not tiles.words or tiles.dot or weight.dtype != torch.int8:
+def _words(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
+    """Tiles.words on int8: by PTX (1), or on FMA tiles for CPU tensors, which only Triton's
+    interpreter takes and it runs no PTX, by Triton's operations (2, the same values); else 0.
+    On tensor cores the PTX makes bf16 pairs, for bf16 rows only, reading W as int16 (K, the
+    row stride and the address multiples of 4); elsewhere the dot tiles widen as they would."""
+    if not tiles.words or weight.dtype != torch.int8:
         return 0
+    if tiles.dot:
+        aligned = not (weight.shape[1] % 4 or weight.stride(0) % 4 or weight.data_ptr() % 4)
+        return int(weight.is_cuda and x.dtype == torch.bfloat16 and aligned)
     return 2 if weight.device.type == "cpu" else 1
 
 

@@ -21,7 +21,8 @@ class Tiles:
     waits on the kernel before. `wide_x` (FMA tiles of a stored format, not with the fused
     norm): each step's slice of x loaded in the W tile's shape, so that it arrives in W's
     register layout: loaded as a row, it crosses shared memory behind barriers every step.
-    `words` (int8 on FMA tiles): widened exactly four a 32-bit word by PTX (widening.py).
+    `words` (int8): widened exactly a 32-bit word at a time by PTX (widening.py), on FMA tiles
+    to four float32, on tensor cores (bf16 rows) to two bf16 pairs.
     `blocks` (int4 on FMA tiles): W read from its blocks layout, derived at load time, whose
     values an SM widens and multiplies in ~3.5 instructions each (int4_blocks.py)."""
 

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from aioworker.compute.layers.gemv.widening import (
     exact_float32,
+    int8_pairs_as_bf16,
     int8_words_as_float32,
     signed_nibble_as,
 )
@@ -116,3 +117,29 @@ def int4_group_scales(group_scale_ptr, group_offset_ptr, w_rows, in_range, k0,
     s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
     o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
     return s, o
+
+
+@triton.jit
+def int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """int8 W's rows at columns k0 .. k0 + BLOCK_K as bf16, exactly, two values a register by
+    PTX (widening.py), for the tensor cores (`words` on dot tiles, bf16 rows). W is read as int16
+    (K and the row stride multiples of 4: the product checks); rows past N read row 0 (their
+    sums are never stored), so no load needs a predicate per element."""
+    rows = tl.where(in_range, w_rows, 0)
+    halves = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    at = rows[:, None] * (stride_w // 2) + halves[None, :]
+    if EVEN_K:
+        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
+    else:
+        in_k = (halves * 2 < depth)[None, :]
+        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=in_k, other=0)
+    pairs = int8_pairs_as_bf16(tl.reshape(flat, (BLOCK_N, BLOCK_K // 4, 2)))
+    return int8_pairs_in_k_order(pairs[0], pairs[1], BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def int8_pairs_in_k_order(pair0, pair1, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each word's pairs (k, k + 1) and (k + 2, k + 3), [N, words, 2] each, as [N, K]."""
+    joined = tl.join(pair0, pair1)  # [N, word, half, pair]
+    return tl.reshape(tl.permute(joined, (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))

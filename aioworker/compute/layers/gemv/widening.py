@@ -77,6 +77,49 @@ def int8_words_as_float32(tile, ASM: tl.constexpr):
     return widened
 
 
+# $2: four int8 values (k .. k + 3, the first in the low byte), loaded as two int16; $0: the
+# values k and k + 1, $1: k + 2 and k + 3, each pair bf16x2. bf16 holds an int8 exactly but no
+# magic number makes one in a LOP3 (128 + q needs eight mantissa bits, bf16 has seven), so
+# each value is made of its nibbles, q = 16 hs + l (hs the signed high nibble): PRMT puts a
+# pair's two bytes in the low bytes of the halves, a LOP3 puts their low nibbles under the
+# exponent of 2^7 (128 + l), another their high nibbles with the sign bit flipped (LUT 0x6A:
+# a ^ c under k, c elsewhere: 128 + hs + 8), two packed subtracts make l and hs exactly, and
+# a packed FMA 16 hs + l, exact too (|q| <= 128).
+_INT8_PAIRS_AS_BF16 = tl.constexpr("""{
+    .reg .b32 k, z, c, d, s, hi, v, l;
+    mov.b32 k, 0x000F000F;
+    mov.b32 z, 0;
+    mov.b32 c, 0x43004300;
+    mov.b32 d, 0x43084308;
+    mov.b32 s, 0x41804180;
+    shr.b32 hi, $2, 4;
+    prmt.b32 v, $2, z, 0x4140;
+    lop3.b32 l, v, k, 0x43004300, 0xEA;
+    sub.rn.bf16x2 l, l, c;
+    prmt.b32 v, hi, z, 0x4140;
+    lop3.b32 v, v, k, 0x43084308, 0x6A;
+    sub.rn.bf16x2 v, v, d;
+    fma.rn.bf16x2 $0, v, s, l;
+    prmt.b32 v, $2, z, 0x4342;
+    lop3.b32 l, v, k, 0x43004300, 0xEA;
+    sub.rn.bf16x2 l, l, c;
+    prmt.b32 v, hi, z, 0x4342;
+    lop3.b32 v, v, k, 0x43084308, 0x6A;
+    sub.rn.bf16x2 v, v, d;
+    fma.rn.bf16x2 $1, v, s, l;
+}""")
+
+
+@triton.jit
+def int8_pairs_as_bf16(halves):
+    """int8 values loaded as int16 [..., 2] (a word's two halves): (values k, k + 1; values
+    k + 2, k + 3) of each word, two bf16 tensors shaped as `halves`, exactly, by PTX."""
+    return tl.inline_asm_elementwise(
+        _INT8_PAIRS_AS_BF16, "=r,=r,r", [halves], dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True, pack=2,
+    )  # fmt: skip
+
+
 @triton.jit
 def signed_nibble(bits):
     """Int32 values q in 0..15 as the float32 q - 8."""

@@ -77,7 +77,8 @@ def product_variant(
         "BITS": bits,
         "SPLIT": split, "FOLD": split and dot, "EVEN_K": even_k,
         "ROW_GROUPS": int4 and not dot, "WIDE_X": not dot and not int4 and not norm,
-        "WORDS": int(fmt == "int8" and not dot and norm == "norm"),
+        # words: on FMA tiles with the norm, and on tensor cores (bf16 pairs) without it
+        "WORDS": int(fmt == "int8" and (norm == "norm") != dot),
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],

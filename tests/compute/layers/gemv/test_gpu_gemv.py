@@ -210,8 +210,11 @@ def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
         weight, scale, groups, values = stored(dense, fmt)
         cuts = [Tiles(dot=False, block_n=16, block_k=512, splits=2, bits=True),
                 Tiles(block_n=64, block_k=32, splits=4, bits=True)]  # fmt: skip
-        if fmt == "int8":  # and four a word by PTX (words), the values' order included
+        if fmt == "int8":  # and a word at a time by PTX (words), the values' order included:
+            # four float32 on FMA tiles, two bf16 pairs on tensor cores (also at one stage)
             cuts.insert(0, Tiles(dot=False, block_n=16, block_k=256, words=True, wide_x=True))
+            cuts += [Tiles(block_n=128, block_k=128, splits=2, num_stages=1, words=True),
+                     Tiles(block_n=64, block_k=256, splits=4, words=True, fold=True)]  # fmt: skip
         for rows in (1, 3, 8):
             x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
             want = reference(x, values, gated)

@@ -63,6 +63,8 @@ def run_ptx(asm: str, inputs: dict[str, int]) -> dict[str, int]:
                 ((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i
                 for i in range(32)
             )
+        elif op == "shr.b32":
+            regs[out] = src[0] >> src[1]
         elif op == "xor.b32":
             regs[out] = src[0] ^ src[1]
         elif op == "prmt.b32":  # byte i of the result: byte (selector nibble i) of (b:a)
@@ -124,3 +126,14 @@ def test_int8_words_widen_four_values_a_word_in_order() -> None:
         word = int.from_bytes(bytes(v & 0xFF for v in values[first : first + 4]), "little")
         regs = run_ptx(widening._INT8_WORD_AS_FLOAT32.value, {"$4": word})
         assert [_f32(regs[f"${n}"]) for n in range(4)] == values[first : first + 4]
+
+
+@pytest.mark.parametrize("first", [0, 4, 8, 12])
+def test_int8_pairs_make_each_value_exactly_in_bf16(first: int) -> None:
+    """int8 on tensor cores (`words`): a word's four values as two bf16 pairs, (k, k + 1) and
+    (k + 2, k + 3), every int8 value exact (all 256 across the cases)."""
+    values = list(range(-128, 128))
+    for word_values in (values[i : i + 4] for i in range(first, 256, 16)):
+        word = int.from_bytes(bytes(v & 0xFF for v in word_values), "little")
+        regs = run_ptx(widening._INT8_PAIRS_AS_BF16.value, {"$2": word})
+        assert [*_bf16_pair(regs["$0"]), *_bf16_pair(regs["$1"])] == word_values
