@@ -161,11 +161,13 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama" "$out/gemv_tune.log" | tail -10
     echo "== w4"; tail -7 "$out/w4_c.log"
     ;;
-  quant)  # the kernels' tests (int4's blocks at each shape, words' PTX), a refine sweep of
-          # wint8 and wint4 with PDL (blocks, words, wide_x; commit the table), W4 wint8, wint4
+  quant)  # the kernels' tests (int4's blocks at each shape, int8's words on both tilings), a
+          # refine sweep of wint8 and wint4 with PDL (blocks, words, one stage; commit the
+          # table), W4 wint8 and wint4
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "blocks or bits or quantized" > "$out/gemv_tests.log" 2>&1
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_weight_tiles.py \
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or quantized or pairs" \
+      > "$out/gemv_tests.log" 2>&1
     timeout 320 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 270 \
       --write-table --refine --pdl --formats wint8,wint4 > "$out/gemv_tune.log" 2>&1
     cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
