@@ -85,29 +85,31 @@ def int8_words_as_float32(tile, ASM: tl.constexpr):
 # exponent of 2^7 (128 + l), another their high nibbles with the sign bit flipped (LUT 0x6A:
 # a ^ c under k, c elsewhere: 128 + hs + 8), two packed subtracts make l and hs exactly, and
 # a packed FMA 16 hs + l, exact too (|q| <= 128).
-_INT8_PAIRS_AS_BF16 = tl.constexpr("""{
+def _int8_pair(out: str, selector: str) -> str:
+    """PTX for the pair of bytes `selector` picks (0x4140: bytes 0 and 1; 0x4342: 2 and 3)."""
+    return f"""
+    prmt.b32 v, $2, z, {selector};
+    lop3.b32 l, v, k, 0x43004300, 0xEA;
+    sub.rn.bf16x2 l, l, c;
+    prmt.b32 v, hi, z, {selector};
+    lop3.b32 v, v, k, 0x43084308, 0x6A;
+    sub.rn.bf16x2 v, v, d;
+    fma.rn.bf16x2 {out}, v, s, l;"""
+
+
+_INT8_PAIRS_AS_BF16 = tl.constexpr(
+    """{
     .reg .b32 k, z, c, d, s, hi, v, l;
     mov.b32 k, 0x000F000F;
     mov.b32 z, 0;
     mov.b32 c, 0x43004300;
     mov.b32 d, 0x43084308;
     mov.b32 s, 0x41804180;
-    shr.b32 hi, $2, 4;
-    prmt.b32 v, $2, z, 0x4140;
-    lop3.b32 l, v, k, 0x43004300, 0xEA;
-    sub.rn.bf16x2 l, l, c;
-    prmt.b32 v, hi, z, 0x4140;
-    lop3.b32 v, v, k, 0x43084308, 0x6A;
-    sub.rn.bf16x2 v, v, d;
-    fma.rn.bf16x2 $0, v, s, l;
-    prmt.b32 v, $2, z, 0x4342;
-    lop3.b32 l, v, k, 0x43004300, 0xEA;
-    sub.rn.bf16x2 l, l, c;
-    prmt.b32 v, hi, z, 0x4342;
-    lop3.b32 v, v, k, 0x43084308, 0x6A;
-    sub.rn.bf16x2 v, v, d;
-    fma.rn.bf16x2 $1, v, s, l;
-}""")
+    shr.b32 hi, $2, 4;"""
+    + _int8_pair("$0", "0x4140")
+    + _int8_pair("$1", "0x4342")
+    + "\n}"
+)
 
 
 @triton.jit
