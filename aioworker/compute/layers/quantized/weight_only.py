@@ -15,8 +15,6 @@ a write and a read of the dense weight on top of the product.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,10 +126,12 @@ def dequantize_int4_rows(
 
 
 def _blocks_wanted(values: torch.Tensor) -> bool:
-    """The small-rows kernel's blocks layout, where its kernels run: CUDA, or Triton's
-    interpreter (tests). K must come in blocks of 32."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return (values.is_cuda or interpreted) and values.shape[1] % 32 == 0
+    """The small-rows kernels' blocks layout, where they run (`kernel_devices`: CUDA, and the
+    CPU only where tests ask for Triton's interpreter; not because the environment variable is
+    set, which a test process's CPU workers inherit). K must come in blocks of 32."""
+    from aioworker.compute.layers.gemv.method import kernel_devices  # it imports this module
+
+    return values.device.type in kernel_devices() and values.shape[1] % 32 == 0
 
 
 def _inner_k_tiles(in_features: int) -> int:
