@@ -35,7 +35,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-BLOCK = tl.constexpr(32)  # K values a block of four words holds
+from aioworker.compute.layers.quantized.weight_only import BLOCKS_ROTATION, INT4_BLOCK
+
+BLOCK = tl.constexpr(INT4_BLOCK)  # K values a block of four words holds
+ROTATION = tl.constexpr(BLOCKS_ROTATION)  # bits each stored word is rotated left by
 # Each rotation's two values: (the nibble of the word, the float offset C it is read with).
 SLOT_A_OFFSET = tl.constexpr(256.0)  # bits 15..18 under the exponent of 2^8
 SLOT_B_OFFSET = tl.constexpr(16.0)  # bits 19..22 under the exponent of 2^4
@@ -84,10 +87,7 @@ def int4_block_step(
     # (loaded in the words' full shape, Triton 3.6 loads and widens it once per row a thread
     # holds: 5.7 instructions a weight against 4.9; 3.9 shares them either way, 3.4-3.5)
     first_ks = (blocks[:, None] * BLOCK + tl.arange(0, 4)[None, :])[None]
-    sums = tl.zeros(words.shape, dtype=tl.float32)
-    x_sum_a = tl.zeros((1, BLOCKS, 4), dtype=tl.float32)
-    x_sum_b = tl.zeros((1, BLOCKS, 4), dtype=tl.float32)
-    for t in tl.static_range(4):
+    for t in tl.static_range(4):  # unrolled: the sums begin at t = 0
         x_a = _x_at(x_ptr, first_ks + 4 * ((3 + 2 * t) % 8), depth, EVEN_K)
         x_b = _x_at(x_ptr, first_ks + 4 * ((4 + 2 * t) % 8), depth, EVEN_K)
         if t == 0:  # no adds to zero: they are not free, and not dropped (-0.0)

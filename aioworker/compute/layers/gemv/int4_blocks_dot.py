@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.gemv.int4_blocks import block_groups
+from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION, block_groups
 
 # $4: a word of the blocks layout (as two int16); $5: s / 8 and $6: o, each twice (bf16x2);
 # $0..$3: pair t = (value t, value t + 4) dequantized, bf16x2. k holds both values' bits; LUT
@@ -59,7 +59,7 @@ _PAIRS_AS_BF16 = tl.constexpr("""{
 @triton.jit
 def k_order(BLOCK_K: tl.constexpr):
     """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`."""
-    blocks = tl.arange(0, BLOCK_K // 32)[:, None, None, None] * 32
+    blocks = tl.arange(0, BLOCK_K // BLOCK)[:, None, None, None] * BLOCK
     pairs = 4 * tl.arange(0, 4)[None, :, None, None]
     halves = 16 * tl.arange(0, 2)[None, None, :, None]
     units = tl.arange(0, 4)[None, None, None, :]
@@ -77,8 +77,8 @@ def dequantized_tile(
 ):  # fmt: skip
     """W's rows `w_rows` (blocks layout, [N, K / 8] int32) over one step of K from k0, as
     (q - 8) s + o in `dtype`, its columns in `k_order`. Past K: zeros (no scale is read there)."""
-    BLOCKS: tl.constexpr = BLOCK_K // 32
-    blocks = k0 // 32 + tl.arange(0, BLOCKS)
+    BLOCKS: tl.constexpr = BLOCK_K // BLOCK
+    blocks = k0 // BLOCK + tl.arange(0, BLOCKS)
     # Rows past N read row 0 (their sums are never stored): no predicate per loaded element.
     w_rows = tl.where(in_range, w_rows, 0)
     at = (
@@ -91,7 +91,7 @@ def dequantized_tile(
         o = tl.load(group_offset_ptr + at)
         mask = None
     else:
-        group_mask = (blocks < depth // 32)[None, :]
+        group_mask = (blocks < depth // BLOCK)[None, :]
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
         mask = (units < depth // 8)[None, :, :]
@@ -143,7 +143,7 @@ def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.
 def _pairs_by_triton(words, s, o):
     """The same values in float32 from Triton's operations: [N, blocks, 4, 4, 2]."""
     bits = words.to(tl.uint32, bitcast=True)
-    unrotated = (bits >> 3) | (bits << 29)
+    unrotated = (bits >> ROTATION) | (bits << (32 - ROTATION))
     shifts = 4 * (tl.arange(0, 4)[:, None] + 4 * tl.arange(0, 2)[None, :])  # [t, half]
     q = (unrotated[:, :, :, None, None] >> shifts[None, None, None, :, :]) & 0xF
     return (q.to(tl.float32) - 8.0) * s[:, :, None, None, None] + o[:, :, None, None, None]

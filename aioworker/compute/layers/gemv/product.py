@@ -13,9 +13,9 @@ from aioworker.compute.layers.gemv.finish import reduce_kernel
 from aioworker.compute.layers.gemv.kernels import _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
+from aioworker.compute.layers.quantized.weight_only import INT4_BLOCK
 
 REDUCE_BLOCK = 256
-BLOCKS_K = 32  # K values a block of the int4 blocks layout holds (int4_blocks.py)
 LINE_BYTES = 128  # what a prefetch fetches
 # Arrival counts of a folding split's programs (Tiles.fold), one per output tile, zero between
 # products (the last program of a tile resets its count). One set per device: a device's
@@ -88,9 +88,10 @@ def small_rows_product(
             )
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
     row_groups = not tiles.dot and group > 0
-    acc_columns = block_m if tiles.dot else tiles.block_k // group if row_groups else tiles.block_k
-    if tiles.blocks and not tiles.dot:
-        acc_columns = tiles.block_k // BLOCKS_K
+    summed_per = INT4_BLOCK if tiles.blocks else group  # FMA int4: a sum per group, or block
+    acc_columns = (
+        block_m if tiles.dot else tiles.block_k // summed_per if row_groups else tiles.block_k
+    )
     placeholder = scale if scale is not None else weight
     normed = add_norm is not None
     residual = add_norm.residual if normed and add_norm.residual is not None else x
@@ -157,9 +158,9 @@ def _check_blocks(weight: torch.Tensor, tiles: Tiles, group: int, add_norm) -> N
     """ValueError naming what the int4 blocks tiles cannot take."""
     if weight.dtype != torch.int32:
         raise ValueError(f"blocks tiles read int32 words, not {weight.dtype}")
-    if tiles.block_k % BLOCKS_K or group % BLOCKS_K:
+    if tiles.block_k % INT4_BLOCK or group % INT4_BLOCK:
         raise ValueError(
-            f"blocks tiles take K in blocks of {BLOCKS_K}: BLOCK_K {tiles.block_k}, group {group}"
+            f"blocks tiles take K in blocks of {INT4_BLOCK}: BLOCK_K {tiles.block_k}, group {group}"
         )
     if add_norm is not None and not tiles.dot:
         raise ValueError("FMA blocks tiles take x as it is: norm it first")

@@ -73,10 +73,10 @@ def pack_int4_blocks(values: torch.Tensor) -> torch.Tensor:
     rotated left by 3, so the kernels' first pair of values needs no rotation). Built one value
     place at a time: no temporary larger than the result."""
     rows, depth = values.shape
-    if depth % 32:
-        raise ValueError(f"the int4 blocks layout takes K in blocks of 32, not {depth}")
-    places = values.reshape(rows, depth // 32, 8, 4)  # [N, blocks, i, u]
-    words = torch.zeros(rows, depth // 32, 4, dtype=torch.int32, device=values.device)
+    if depth % INT4_BLOCK:
+        raise ValueError(f"the int4 blocks layout takes K in blocks of {INT4_BLOCK}, not {depth}")
+    places = values.reshape(rows, depth // INT4_BLOCK, 8, 4)  # [N, blocks, i, u]
+    words = torch.zeros(rows, depth // INT4_BLOCK, 4, dtype=torch.int32, device=values.device)
     for i in range(8):  # int32 shifts wrap: the top value lands in the sign bit, as wanted
         words |= places[:, :, i, :].to(torch.int32) << (4 * i + BLOCKS_ROTATION) % 32
         if 4 * i + BLOCKS_ROTATION + 4 > 32:  # the value rotated across the word's end
@@ -94,7 +94,8 @@ def unpack_int4_blocks(words: torch.Tensor) -> torch.Tensor:
     return nibbles.to(torch.uint8).reshape(rows, -1)
 
 
-BLOCKS_ROTATION = 3
+INT4_BLOCK = 32  # K values a block of the blocks layout holds, in four int32 words
+BLOCKS_ROTATION = 3  # each word rotated left by this many bits
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -131,7 +132,7 @@ def _blocks_wanted(values: torch.Tensor) -> bool:
     set, which a test process's CPU workers inherit). K must come in blocks of 32."""
     from aioworker.compute.layers.gemv.method import kernel_devices  # it imports this module
 
-    return values.device.type in kernel_devices() and values.shape[1] % 32 == 0
+    return values.device.type in kernel_devices() and values.shape[1] % INT4_BLOCK == 0
 
 
 def _inner_k_tiles(in_features: int) -> int:
