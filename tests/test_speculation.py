@@ -44,7 +44,10 @@ def speculating(request, embedded_model_dir):
     engine.close()
 
 
-def test_greedy_outputs_equal_decoding_one_token_at_a_time(embedded_engine, speculating) -> None:
+@pytest.fixture(scope="module")
+def greedy_case(embedded_engine):
+    """Greedy requests over copy prompts (plain, n=2 with logprobs, stop strings) and what the
+    engine without speculation answers: decoded once for every method."""
     prompts = copy_prompts(embedded_engine, 3)
     greedy = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     params = [
@@ -52,7 +55,11 @@ def test_greedy_outputs_equal_decoding_one_token_at_a_time(embedded_engine, spec
         msgspec.structs.replace(greedy, n=2, logprobs=3),
         msgspec.structs.replace(greedy, stop=["the", "The"], ignore_eos=False),
     ]
-    expected = embedded_engine.generate(prompts, params)
+    return prompts, params, embedded_engine.generate(prompts, params)
+
+
+def test_greedy_outputs_equal_decoding_one_token_at_a_time(greedy_case, speculating) -> None:
+    prompts, params, expected = greedy_case
     got = speculating.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in expected]
     assert [c.text for c in got] == [c.text for c in expected]
@@ -62,18 +69,24 @@ def test_greedy_outputs_equal_decoding_one_token_at_a_time(embedded_engine, spec
     assert policy.num_accepted > 20, "speculation never accepted a draft"
     # The same prompts again: prefix cache hits, and the same tokens.
     hits_before = speculating.block_manager.num_hit_tokens
-    again = speculating.generate(prompts[:1], greedy)
+    again = speculating.generate(prompts[:1], params[0])
     assert again[0].token_ids == expected[0].token_ids
     assert speculating.block_manager.num_hit_tokens > hits_before
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_preemption_and_chunking_keep_the_tokens(
-    embedded_model_dir, embedded_engine, method: str
-) -> None:
+@pytest.fixture(scope="module")
+def cramped_case(embedded_engine):
+    """Four greedy copy requests and their tokens without speculation, decoded once."""
     prompts = copy_prompts(embedded_engine, 4)
     greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    expected = [c.token_ids for c in embedded_engine.generate(prompts, greedy)]
+    return prompts, greedy, [c.token_ids for c in embedded_engine.generate(prompts, greedy)]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_preemption_and_chunking_keep_the_tokens(
+    embedded_model_dir, cramped_case, method: str
+) -> None:
+    prompts, greedy, expected = cramped_case
     cramped = make_engine(
         embedded_model_dir,
         **METHODS[method],

