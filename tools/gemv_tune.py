@@ -377,7 +377,8 @@ def main() -> None:
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
                     f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''}"
                     f"{' fold' if tiles.fold else ''}{' wide_x' if tiles.wide_x else ''}"
-                    f"{' prefetch' if tiles.prefetch else ''}{' words' if tiles.words else ''} |"
+                    f"{' prefetch' if tiles.prefetch else ''}{' words' if tiles.words else ''}"
+                    f"{' blocks' if tiles.blocks else ''} |"
                 )
                 lines.append(line)
                 print(line, flush=True)

@@ -23,6 +23,8 @@
 #                                 wide_x; commit the table), W4 wint8
 #   tools/gpu_issue22.sh quant    the kernels' tests, a refine sweep of wint8 and wint4 with PDL
 #                                 (int4's blocks, int8's words; commit the table), W4 of both
+#   tools/gpu_issue22.sh blocks   int4's blocks tests, a refine sweep of wint4 with PDL (commit
+#                                 the table), W4 wint4
 #   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
 #                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -135,7 +137,7 @@ case "${1:-}" in
   retune)  # a shorter refine sweep with PDL (the table it writes is put in place), then W4
            # bf16 and fp8 with the kernels off against on
     tune 170 --refine --pdl
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
     w4 none,fp8 130 a
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -8
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -6; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
@@ -155,7 +157,7 @@ case "${1:-}" in
     ;;
   int8)  # the kernels' tests, a refine sweep of wint8 with PDL (words, wide_x), W4 wint8
     TESTS_S=150 tune 200 --refine --pdl --formats wint8
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
     w4 wint8 100 c
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama" "$out/gemv_tune.log" | tail -10
@@ -170,11 +172,24 @@ case "${1:-}" in
       > "$out/gemv_tests.log" 2>&1
     timeout 320 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 270 \
       --write-table --refine --pdl --formats wint8,wint4 > "$out/gemv_tune.log" 2>&1
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" /tmp/ 2>/dev/null
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
     w4 wint8,wint4 120 q
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -24
     echo "== w4"; tail -9 "$out/w4_q.log"
+    ;;
+  blocks)  # int4's blocks tests (both tilings, every shape), a refine sweep of wint4 with PDL,
+           # W4 wint4
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
+      -k "blocks" > "$out/gemv_tests.log" 2>&1
+    timeout 270 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 220 \
+      --write-table --refine --pdl --formats wint4 > "$out/gemv_tune.log" 2>&1
+    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"
+    w4 wint4 100 q
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -8
+    echo "== w4"; tail -6 "$out/w4_q.log"
     ;;
   finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
     w4 wint8,wint4 120 b
@@ -197,6 +212,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|finish" >&2; exit 2 ;;
 esac
 exit 0

@@ -11,16 +11,22 @@ four bf16 pairs, each (value t, value t + 4), t = 0..3, by PTX (`_PAIRS_AS_BF16`
 - minus 192, times s / 8 (exact: a power of two) plus o, both packed: (q - 8) s + o, rounded to
   bf16 once, where the format's own dequantization to bf16 rounds twice.
 
-That is 15 instructions a word, ~1.9 a weight; the tile stays in registers as the tensor cores'
-first operand, and the loop spends ~3.2 a weight in all with one pipeline stage (~3.8 with more:
-the words then pass through shared memory; tools/sass_mix.py int4-blocks dot 128x256 --stages 1):
-under the ~3.9 an SM can issue at the copy rate of 0.5-byte weights, for every row count.
+That is 15 instructions a word, ~1.9 a weight. The tile then goes through shared memory to the
+tensor cores, and the loop spends ~3.5 a weight in all with one pipeline stage (tools/sass_mix.py
+int4-blocks dot 128x256 --stages 1, with Triton 3.6 and 3.9): under the ~3.9 an SM can issue at
+the copy rate of 0.5-byte weights, for every row count.
 
-The tile's columns are in the order the pairs come out, not K's: column ((b 4 + t) 2 + h) 4 + u
-holds k = 32 b + 4 (t + 4 h) + u (`k_order`), so that a pair's four words meet four contiguous
-values of x. A product sums over K, so x's slice is loaded in that order and nothing is moved.
-Rows of another dtype than bf16, and Triton's interpreter, which runs no PTX (ASM = 2), get the
-same tile from Triton's operations, in float32.
+Each word is loaded whole and split into its two int16 halves by `tl.join`, whose new axis is
+always a thread's two neighbouring registers: one asm instance (pack=2) takes two neighbours, so
+this is what makes it take one word's two halves and give one pair's two values. The tile's
+columns are in the order the pairs come out, not K's (`k_order`): the step's blocks in groups of
+four, a pair's two values neighbouring columns, and a thread's columns in the tensor cores'
+layout (pairs c and c + 4 of each 16) one block's. The first version loaded int16 halves and put
+the word last in the columns: the compiler gave the asm the tensor cores' layout, whose
+neighbouring registers held neighbouring words, so it paired halves of two words. Triton's
+interpreter, which runs no PTX, could not see it; on the H200 it was 70-90% wrong. A product sums
+over K, so x's slice is loaded in the columns' order and nothing is moved. Rows of another dtype
+than bf16, and the interpreter (ASM = 2), get the same tile from Triton's operations, in float32.
 """
 
 from __future__ import annotations
@@ -58,15 +64,18 @@ _PAIRS_AS_BF16 = tl.constexpr("""{
 
 @triton.jit
 def k_order(BLOCK_K: tl.constexpr):
-    """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`."""
-    blocks = tl.arange(0, BLOCK_K // BLOCK)[:, None, None, None] * BLOCK
-    pairs = 4 * tl.arange(0, 4)[None, :, None, None]
-    halves = 16 * tl.arange(0, 2)[None, None, :, None]
-    units = tl.arange(0, 4)[None, None, None, :]
-    order = tl.reshape(blocks + pairs + halves + units, (BLOCK_K,))
-    # Runs of four contiguous offsets: said outright, as not every Triton sees it through the
-    # reshape (3.6 loaded x one value at a time without it).
-    return tl.max_contiguous(tl.multiple_of(order, 4), 4)
+    """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`: the step's
+    blocks in groups of G, column (((g 4 + u) 2 + t1) 2 + t0) G + c) 2 + h holding block g G + c's
+    value t + 4 h (t = 2 t1 + t0) of word u."""
+    G: tl.constexpr = min(4, BLOCK_K // BLOCK)  # blocks a group (the module's note)
+    S: tl.constexpr = BLOCK_K // BLOCK // G
+    groups = tl.arange(0, S)[:, None, None, None, None, None] * (G * BLOCK)
+    units = tl.arange(0, 4)[None, :, None, None, None, None]
+    t1 = 8 * tl.arange(0, 2)[None, None, :, None, None, None]
+    t0 = 4 * tl.arange(0, 2)[None, None, None, :, None, None]
+    blocks = BLOCK * tl.arange(0, G)[None, None, None, None, :, None]
+    halves = 16 * tl.arange(0, 2)[None, None, None, None, None, :]
+    return tl.reshape(groups + units + t1 + t0 + blocks + halves, (BLOCK_K,))
 
 
 @triton.jit
@@ -100,26 +109,23 @@ def dequantized_tile(
     else:
         at = w_rows[:, None, None] * stride_w + units[None, :, :]
         words = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
-        tile = _pairs_by_triton(words, s.to(tl.float32), o.to(tl.float32)).to(dtype)
-    # (word, t, half) to (t, half, word): x's four words of a pair are then contiguous in K
-    return tl.reshape(tl.permute(tile, (0, 1, 3, 4, 2)), (BLOCK_N, BLOCK_K))
+        tile = _pairs_by_triton(words, s.to(tl.float32), o.to(tl.float32), BLOCK_N, BLOCKS)
+        tile = tile.to(dtype)
+    # [N, groups, c, u, h, t0, t1] to the columns' order, k_order's
+    return tl.reshape(tl.permute(tile, (0, 1, 3, 6, 5, 2, 4)), (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
 def _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N: tl.constexpr,
                   BLOCKS: tl.constexpr):  # fmt: skip
-    """[N, blocks, 4, 4, 2] bf16: (word, pair t, half) as the PTX makes them. Each word is loaded
-    as two int16, so that one asm instance takes the word and gives two bf16 a register."""
-    # The step's halves as one contiguous run a row (so that every Triton loads it in vectors),
-    # then (block, word, half).
-    halves = k0 // 4 + tl.arange(0, BLOCKS * 8)  # word k0 / 8 is half k0 / 4
-    at = w_rows[:, None] * (stride_w * 2) + halves[None, :]
-    if mask is None:
-        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
-    else:
-        in_k = tl.reshape(tl.broadcast_to(mask[:, :, :, None], (1, BLOCKS, 4, 2)), (1, BLOCKS * 8))
-        flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=in_k, other=0)
-    words = tl.reshape(flat, (BLOCK_N, BLOCKS, 4, 2))
+    """bf16 pairs in `in_pair_order`'s shape. Each word is loaded as two int16, so that one asm
+    instance takes the word's two halves and gives two bf16 a register: the halves are
+    neighbours in the loaded tensor and the pair's values in the tile (the module's note)."""
+    units = (k0 // BLOCK + tl.arange(0, BLOCKS))[:, None] * 4 + tl.arange(0, 4)[None, :]
+    at = w_rows[:, None, None] * stride_w + units[None, :, :]
+    packed = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
+    # Each word's two halves, joined: a new last axis, so always neighbours in a thread's registers
+    words = tl.join(packed.to(tl.int16), (packed >> 16).to(tl.int16))
     eighth_s = (s.to(tl.float32) * 0.125).to(tl.bfloat16)  # exact: a power of two
     scales = tl.broadcast_to(eighth_s[:, :, None, None], words.shape)
     offsets = tl.broadcast_to(o.to(tl.bfloat16)[:, :, None, None], words.shape)
@@ -133,17 +139,27 @@ def _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N: tl.constexpr
 @triton.jit
 def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
     """Four [N, blocks, 4, 2] tensors, pair t's (value t, value t + 4) of each word, as one
-    [N, blocks, 4, 4, 2]: (word, t, half)."""
-    # join: [..., half, t % 2, t // 2]; to [..., t // 2, t % 2, half]: t, then the half
-    joined = tl.join(tl.join(pair0, pair1), tl.join(pair2, pair3))
-    return tl.reshape(tl.permute(joined, (0, 1, 2, 5, 4, 3)), (BLOCK_N, BLOCKS, 4, 4, 2))
+    [N, groups, G, 4, 2, 2, 2]: (group of blocks, block in it, word, half, t % 2, t // 2)."""
+    G: tl.constexpr = min(4, BLOCKS)
+    shape: tl.constexpr = (BLOCK_N, BLOCKS // G, G, 4, 2)
+    return tl.join(
+        tl.join(tl.reshape(pair0, shape), tl.reshape(pair1, shape)),
+        tl.join(tl.reshape(pair2, shape), tl.reshape(pair3, shape)),
+    )
 
 
 @triton.jit
-def _pairs_by_triton(words, s, o):
-    """The same values in float32 from Triton's operations: [N, blocks, 4, 4, 2]."""
-    bits = words.to(tl.uint32, bitcast=True)
+def _pairs_by_triton(words, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """The same values in float32 from Triton's operations, in `in_pair_order`'s shape."""
+    G: tl.constexpr = min(4, BLOCKS)
+    bits = tl.reshape(words, (BLOCK_N, BLOCKS // G, G, 4)).to(tl.uint32, bitcast=True)
     unrotated = (bits >> ROTATION) | (bits << (32 - ROTATION))
-    shifts = 4 * (tl.arange(0, 4)[:, None] + 4 * tl.arange(0, 2)[None, :])  # [t, half]
-    q = (unrotated[:, :, :, None, None] >> shifts[None, None, None, :, :]) & 0xF
-    return (q.to(tl.float32) - 8.0) * s[:, :, None, None, None] + o[:, :, None, None, None]
+    shifts = 4 * (  # [h, t % 2, t // 2]: value t + 4 h
+        4 * tl.arange(0, 2)[:, None, None]
+        + tl.arange(0, 2)[None, :, None]
+        + 2 * tl.arange(0, 2)[None, None, :]
+    )
+    q = (unrotated[:, :, :, :, None, None, None] >> shifts[None, None, None, None, :, :, :]) & 0xF
+    s = tl.reshape(s, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
+    o = tl.reshape(o, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
+    return (q.to(tl.float32) - 8.0) * s + o

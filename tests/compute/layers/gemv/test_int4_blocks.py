@@ -19,6 +19,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from aioworker.compute.layers.gemv.int4_blocks import _words_as_float32  # noqa: E402
+from aioworker.compute.layers.gemv.int4_blocks_dot import (  # noqa: E402
+    _pairs_by_triton,
+    in_pair_order,
+)
 from aioworker.compute.layers.gemv.product import AddNorm, small_rows_product  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
 from aioworker.compute.layers.quantized.weight_only import (  # noqa: E402
@@ -102,34 +106,36 @@ def test_one_row_equals_the_dequantized_product(tiles, gated, dtype) -> None:
 
 
 @triton.jit
-def _ordered(words_ptr, out_ptr, BLOCK_N: tl.constexpr):
+def _ordered(words_ptr, out_ptr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
     """The PTX path's ordering of its four pair tensors, fed pairs made by Triton's operations,
     against the tile Triton's operations make whole."""
-    from aioworker.compute.layers.gemv.int4_blocks_dot import _pairs_by_triton, in_pair_order
-
-    at = tl.arange(0, BLOCK_N)[:, None, None] * 4 + tl.arange(0, 4)[None, None, :]
-    words = tl.load(words_ptr + at)  # [N, 1 block, 4]
-    whole = _pairs_by_triton(words, tl.full((BLOCK_N, 1), 1.0, tl.float32),
-                             tl.zeros((BLOCK_N, 1), tl.float32))  # fmt: skip
+    at = (tl.arange(0, BLOCK_N)[:, None, None] * BLOCKS * 4
+          + tl.arange(0, BLOCKS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])  # fmt: skip
+    words = tl.load(words_ptr + at)  # [N, blocks, 4]
+    whole = _pairs_by_triton(words, tl.full((BLOCK_N, BLOCKS), 1.0, tl.float32),
+                             tl.zeros((BLOCK_N, BLOCKS), tl.float32), BLOCK_N, BLOCKS)  # fmt: skip
     bits = words.to(tl.uint32, bitcast=True)
     unrotated = (bits >> 3) | (bits << 29)
     halves = 16 * tl.arange(0, 2)[None, None, None, :]
     pairs = [((unrotated[:, :, :, None] >> (4 * t + halves)) & 0xF).to(tl.float32) - 8.0
              for t in tl.static_range(4)]  # fmt: skip
-    ordered = in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, 1)
-    flat = tl.reshape(ordered, (BLOCK_N * 32,)) - tl.reshape(whole, (BLOCK_N * 32,))
-    tl.store(out_ptr + tl.arange(0, BLOCK_N * 32), flat)
+    ordered = in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, BLOCKS)
+    size: tl.constexpr = BLOCK_N * BLOCKS * 32
+    flat = tl.reshape(ordered, (size,)) - tl.reshape(whole, (size,))
+    tl.store(out_ptr + tl.arange(0, size), flat)
 
 
-def test_the_ptx_pairs_are_put_in_the_order_of_the_columns() -> None:
-    values = torch.randint(0, 16, (4, 32), generator=torch.Generator().manual_seed(6))
-    differences = torch.ones(4 * 32)
-    _ordered[(1,)](pack_int4_blocks(values), differences, 4)
+@pytest.mark.parametrize("blocks", [1, 8])
+def test_the_ptx_pairs_are_put_in_the_order_of_the_columns(blocks: int) -> None:
+    values = torch.randint(0, 16, (4, 32 * blocks), generator=torch.Generator().manual_seed(6))
+    differences = torch.ones(4 * 32 * blocks, device=DEVICE)
+    _ordered[(1,)](pack_int4_blocks(values).to(DEVICE), differences, 4, blocks)
     assert not differences.any()
 
 
 DOT_BLOCKS_TILES = [
     Tiles(blocks=True, block_n=16, block_k=32),
+    Tiles(blocks=True, block_n=16, block_k=256),  # groups of four blocks (k_order), and two
     Tiles(blocks=True, block_n=32, block_k=64, splits=3),  # a slice past K's end
     Tiles(blocks=True, block_n=16, block_k=32, splits=2, fold=True),
 ]
@@ -159,14 +165,16 @@ def test_tensor_core_tiles_take_the_residual_add_and_norm() -> None:
     norm_weight = torch.rand(224, generator=g) + 0.5
     packed, scales, offsets = quantize_int4_rows(torch.randn(40, 224, generator=g))
     blocks = pack_int4_blocks(unpack_nibbles(packed))
-    add_norm = AddNorm(residual, norm_weight, 1e-5, torch.empty_like(x))
+    on_device = [t.to(DEVICE) for t in (x, residual, norm_weight, blocks, scales, offsets)]
+    add_norm = AddNorm(*on_device[1:3], 1e-5, torch.empty_like(on_device[0]))
     tiles = Tiles(blocks=True, block_n=16, block_k=64, splits=2)
-    got = small_rows_product(x, blocks, tiles, int4_groups=(scales, offsets), add_norm=add_norm)
+    got = small_rows_product(on_device[0], on_device[3], tiles, int4_groups=tuple(on_device[4:]),
+                             add_norm=add_norm)  # fmt: skip
     h = x + residual
     normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
     want = reference(normed, dequantize_int4_rows(packed, scales, offsets))
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
-    assert torch.equal(add_norm.residual_out, h)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(add_norm.residual_out.cpu(), h)
 
 
 def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
@@ -230,7 +238,8 @@ def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
 
     layer = torch.nn.Module()
     method = small_rows(WINT4_ON_LOAD, fuse_norm=True)
-    method.create_weights(layer, 2 * 32, 224)
+    with torch.device(DEVICE):  # the layout is derived where the kernels run
+        method.create_weights(layer, 2 * 32, 224)
     WINT4_ON_LOAD.fill_dummy(layer, lambda dense: dense.normal_(generator=None))
     method.process_after_loading(layer)
     assert torch.equal(unpack_int4_blocks(layer.int4_blocks), unpack_nibbles(layer.weight))
@@ -242,12 +251,12 @@ def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
         return real(x, weight, tiles, *rest)
 
     monkeypatch.setattr(product, "small_rows_product", recorded)
-    x = torch.randn(1, 224)
+    x = torch.randn(1, 224, device=DEVICE)
     dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
     torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),
                                rtol=1e-3, atol=1e-2)  # fmt: skip
     assert weights_multiplied == [(torch.int32, True)]
-    norm = RMSNorm(224, 1e-6)
+    norm = RMSNorm(224, 1e-6).to(DEVICE)
     assert method.apply_normed(layer, x, None, norm, gated=True) is None
     assert weights_multiplied == [(torch.int32, True)]  # nothing launched for the normed call
     # A weights update re-derives the blocks in place: a captured graph reads the new values.
