@@ -116,13 +116,18 @@ def _ordered(words_ptr, out_ptr, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
                              tl.zeros((BLOCK_N, BLOCKS), tl.float32), BLOCK_N, BLOCKS)  # fmt: skip
     bits = words.to(tl.uint32, bitcast=True)
     unrotated = (bits >> 3) | (bits << 29)
-    halves = 16 * tl.arange(0, 2)[None, None, None, :]
-    pairs = [((unrotated[:, :, :, None] >> (4 * t + halves)) & 0xF).to(tl.float32) - 8.0
-             for t in tl.static_range(4)]  # fmt: skip
-    ordered = in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, BLOCKS)
+    ordered = in_pair_order(_pair(unrotated, 0), _pair(unrotated, 1), _pair(unrotated, 2),
+                            _pair(unrotated, 3), BLOCK_N, BLOCKS)  # fmt: skip
     size: tl.constexpr = BLOCK_N * BLOCKS * 32
     flat = tl.reshape(ordered, (size,)) - tl.reshape(whole, (size,))
     tl.store(out_ptr + tl.arange(0, size), flat)
+
+
+@triton.jit
+def _pair(unrotated, t: tl.constexpr):
+    """Pair t of each word, (value t, value t + 4) on a last axis, as q - 8."""
+    halves = 16 * tl.arange(0, 2)[None, None, None, :]
+    return ((unrotated[:, :, :, None] >> (4 * t + halves)) & 0xF).to(tl.float32) - 8.0
 
 
 @pytest.mark.parametrize("blocks", [1, 8])
