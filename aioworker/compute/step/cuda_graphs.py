@@ -12,7 +12,9 @@ the scratch row that padding reads, and the split count for each size.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -71,6 +73,10 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first, sharing one memory pool."""
+        with without_garbage_collection():
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         pool = None
         for size in reversed(self.sizes):
             slots = size * self.queries
@@ -134,3 +140,19 @@ class DecodeGraphs:
             self.query_lens[:size].copy_(staging[3, :size], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:used]
+
+
+@contextlib.contextmanager
+def without_garbage_collection() -> Iterator[None]:
+    """Collect now, then not until the block ends. A collection during a capture may free dead
+    CUDA graphs (an engine left in a reference cycle), and destroying a graph while a stream
+    captures invalidates the capture. On an H100 the composed GPU tests lost one, after an earlier
+    test's engines, with a warning from each old graph destroyed mid-capture; alone it passed."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
