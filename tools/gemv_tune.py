@@ -72,6 +72,7 @@ SHAPES = {
     ("qwen3-0.6b", "o"): (1024, 2048, False, ("none", "wint4")),
     ("qwen3-0.6b", "lm_head"): (151936, 1024, False, ("none",)),
 }
+FLAGS = ("a8", "bits", "fold", "wide_x", "prefetch", "words", "blocks")  # named in the table
 SMOKE_SHAPES = {
     ("smoke", "gate_up"): (2 * 96, 256, True, ("none", "fp8", "wint8", "wint4")),
     ("smoke", "down"): (64, 192, False, ("none", "wint4")),
@@ -375,10 +376,8 @@ def main() -> None:
                     f"| {model} {proj} | {fmt} | {rows} | {found['bytes'] / entry['theirs_s'] / rate:.0%} "
                     f"| {found['bytes'] / t / rate:.0%} | {entry['theirs_s'] * 1e6:.1f} | {t * 1e6:.1f} "
                     f"| {tiles.block_n}x{tiles.block_k}/{tiles.splits}{'' if tiles.dot else ' fma'}"
-                    f"{' a8' if tiles.a8 else ''}{' bits' if tiles.bits else ''}"
-                    f"{' fold' if tiles.fold else ''}{' wide_x' if tiles.wide_x else ''}"
-                    f"{' prefetch' if tiles.prefetch else ''}{' words' if tiles.words else ''}"
-                    f"{' blocks' if tiles.blocks else ''} |"
+                    + "".join(f" {flag}" for flag in FLAGS if getattr(tiles, flag))
+                    + " |"
                 )
                 lines.append(line)
                 print(line, flush=True)
