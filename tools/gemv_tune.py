@@ -41,6 +41,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aioworker.compute.layers import pdl  # noqa: E402
+from aioworker.compute.layers.gemv import method as small_rows  # noqa: E402
 from aioworker.compute.layers.gemv.choice import (  # noqa: E402
     TABLE_PATH,
     format_of,
@@ -48,7 +49,6 @@ from aioworker.compute.layers.gemv.choice import (  # noqa: E402
     table_key,
     tuned_table,
 )
-from aioworker.compute.layers.gemv.method import OPERANDS  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
 from aioworker.compute.layers.linear_method import UNQUANTIZED  # noqa: E402
 from aioworker.compute.layers.ops import silu_and_mul  # noqa: E402
@@ -250,7 +250,7 @@ def theirs(method, layer, x, gated):
 def ours(method, layer, x, gated, tiles):
     from aioworker.compute.layers.gemv.product import small_rows_product
 
-    op = OPERANDS[type(method)](layer)
+    op = small_rows.OPERANDS[type(method)](layer)
     weight = op.int4_blocks if tiles.blocks else op.weight
     return small_rows_product(x, weight, tiles, op.scale, gated, None, op.int4_groups)
 
@@ -268,7 +268,10 @@ def sweep_one(channels, depth, gated, fmt, device, deadline, refine=False) -> di
     layers = [first] + [build_layer(method, channels, depth, device) for _ in range(copies - 1)]
     sms = 2 if device == "cpu" else torch.cuda.get_device_properties(0).multi_processor_count
     # The table is keyed by what the kernels read, as `tiles_for` keys it.
-    found = {"bytes": read, "format": format_of(OPERANDS[type(method)](first).weight.dtype)}
+    found = {
+        "bytes": read,
+        "format": format_of(small_rows.OPERANDS[type(method)](first).weight.dtype),
+    }
     for rows in (1, 8):
         x = torch.randn(rows, depth, device=device)
         want = theirs(method, first, x, gated)
@@ -346,6 +349,7 @@ def main() -> None:
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
     device = "cpu" if args.smoke else "cuda"
+    small_rows.INTERPRET_ON_CPU = args.smoke  # so that CPU layers derive int4's blocks too
     pdl.enable(args.pdl and not args.smoke)
     # The model's dtype, as build_model sets it; float16 for --smoke: Triton's interpreter
     # multiplies bf16 tiles wrongly (tl.dot).
