@@ -38,6 +38,10 @@ export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 TABLE="${TABLE:-/tmp/tuned_tiles.json}"
 [ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
+keep_table() {  # the table a sweep wrote: back with $OUT, and in /tmp for a later call (TABLE)
+  cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+  cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+}
 w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT); further
         # arguments go to the bench (--candidate KEY=VALUE)
   local formats="$1" limit="$2" name="$3"; shift 3
@@ -67,7 +71,7 @@ composed() {  # the GPU tests of features composed with the kernels
 case "${1:-}" in
   all)
     tune 230
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
+    keep_table
     w4 none,fp8 110 a
     w4 wint8,wint4 110 b
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  |top-1" "$out/gemv_tests.log" | tail -12
@@ -85,8 +89,7 @@ case "${1:-}" in
     ;;
   tune)
     tune 280
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
-    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+    keep_table
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
     echo "== sweep"; grep WRONG "$out/gemv_tune.log" | head -5; tail -32 "$out/gemv_tune.log"
     ;;
@@ -105,8 +108,7 @@ case "${1:-}" in
     ;;
   refine)
     tune 260 --refine "${@:2}"
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
-    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+    keep_table
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -12
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -8; tail -30 "$out/gemv_tune.log"
     ;;
@@ -137,7 +139,7 @@ case "${1:-}" in
   retune)  # a shorter refine sweep with PDL (the table it writes is put in place), then W4
            # bf16 and fp8 with the kernels off against on
     tune 170 --refine --pdl
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
+    keep_table
     w4 none,fp8 130 a
     echo "== tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -8
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -6; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
@@ -147,8 +149,7 @@ case "${1:-}" in
          # of bf16 and fp8 with PDL (its table put in place), W4 bf16 and fp8 off against on
     composed 80
     TESTS_S=90 tune 130 --refine --pdl --formats none,fp8
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
-    cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+    keep_table
     w4 none,fp8 120 a
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
@@ -157,7 +158,7 @@ case "${1:-}" in
     ;;
   int8)  # the kernels' tests, a refine sweep of wint8 with PDL (words, wide_x), W4 wint8
     TESTS_S=150 tune 200 --refine --pdl --formats wint8
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
+    keep_table
     w4 wint8 100 c
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama" "$out/gemv_tune.log" | tail -10
@@ -172,7 +173,7 @@ case "${1:-}" in
       > "$out/gemv_tests.log" 2>&1
     timeout 320 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 270 \
       --write-table --refine --pdl --formats wint8,wint4 > "$out/gemv_tune.log" 2>&1
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"; cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/
+    keep_table
     w4 wint8,wint4 120 q
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -24
@@ -185,7 +186,7 @@ case "${1:-}" in
       -k "blocks" > "$out/gemv_tests.log" 2>&1
     timeout 270 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 220 \
       --write-table --refine --pdl --formats wint4 > "$out/gemv_tune.log" 2>&1
-    cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/"
+    keep_table
     w4 wint4 100 q
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -8

@@ -36,6 +36,10 @@ import triton.language as tl
 
 from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION, block_groups
 
+# Blocks a step's columns interleave, so that a thread of the tensor cores' layout takes one
+# block's words (the module's note); a step of fewer blocks is one group.
+GROUP = tl.constexpr(4)
+
 # $4: a word of the blocks layout (as two int16); $5: s / 8 and $6: o, each twice (bf16x2);
 # $0..$3: pair t = (value t, value t + 4) dequantized, bf16x2. k holds both values' bits; LUT
 # 0x62 on (a, b = k, c = the immediate) is (a & b & ~c) | (~b & c): the bits under k, the
@@ -67,7 +71,7 @@ def k_order(BLOCK_K: tl.constexpr):
     """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`: the step's
     blocks in groups of G, column (((g 4 + u) 2 + t1) 2 + t0) G + c) 2 + h holding block g G + c's
     value t + 4 h (t = 2 t1 + t0) of word u."""
-    G: tl.constexpr = min(4, BLOCK_K // BLOCK)  # blocks a group (the module's note)
+    G: tl.constexpr = min(GROUP, BLOCK_K // BLOCK)
     S: tl.constexpr = BLOCK_K // BLOCK // G
     groups = tl.arange(0, S)[:, None, None, None, None, None] * (G * BLOCK)
     units = tl.arange(0, 4)[None, :, None, None, None, None]
@@ -140,7 +144,7 @@ def _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N: tl.constexpr
 def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
     """Four [N, blocks, 4, 2] tensors, pair t's (value t, value t + 4) of each word, as one
     [N, groups, G, 4, 2, 2, 2]: (group of blocks, block in it, word, half, t % 2, t // 2)."""
-    G: tl.constexpr = min(4, BLOCKS)
+    G: tl.constexpr = min(GROUP, BLOCKS)
     shape: tl.constexpr = (BLOCK_N, BLOCKS // G, G, 4, 2)
     return tl.join(
         tl.join(tl.reshape(pair0, shape), tl.reshape(pair1, shape)),
@@ -151,7 +155,7 @@ def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.
 @triton.jit
 def _pairs_by_triton(words, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
     """The same values in float32 from Triton's operations, in `in_pair_order`'s shape."""
-    G: tl.constexpr = min(4, BLOCKS)
+    G: tl.constexpr = min(GROUP, BLOCKS)
     bits = tl.reshape(words, (BLOCK_N, BLOCKS // G, G, 4)).to(tl.uint32, bitcast=True)
     unrotated = (bits >> ROTATION) | (bits << (32 - ROTATION))
     shifts = 4 * (  # [h, t % 2, t // 2]: value t + 4 h
