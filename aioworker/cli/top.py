@@ -20,6 +20,7 @@ from aioworker.cli.common import add_config_arguments, config_from_args, fail
 from aioworker.config import ConfigError, WorkerConfig
 from aioworker.wire.drops import DropCounter
 from aioworker.wire.health import (
+    LOADING_STALE_AFTER_INTERVALS,
     STALE_AFTER_INTERVALS,
     BeatTable,
     RankKey,
@@ -42,7 +43,8 @@ EPILOG = f"""\
 columns:
   RANK       group.rank (rank 0 of a group is its driver)
   STATE      the rank's state; MISSING = no beat received yet; STALE = no beat for
-             {STALE_AFTER_INTERVALS} of its heartbeat intervals (killed, frozen or unreachable)
+             {STALE_AFTER_INTERVALS} of its heartbeat intervals ({LOADING_STALE_AFTER_INTERVALS} while it loads, warms
+             or takes new weights): killed, frozen or unreachable
   STEP       id of the current (or last) step; STEP_S: seconds the current step has run
   RUN, WAIT  running and waiting requests (driver only)
   KV_BLOCKS  KV cache blocks used/total (driver only)

@@ -36,7 +36,11 @@ def build_rank(
     config: WorkerConfig, tp: TensorParallel, *, device_index: int, **options: Any
 ) -> tuple[ExecutorThread, LoadedRank]:
     """compute.build_rank.build_rank for the rank numbered `device_index` in the deployment (the
-    worker's --rank): it picks the rank's GPU, and sizes its share of the host's CPU cores."""
-    return _build_rank.build_rank(
+    worker's --rank): it picks the rank's GPU, sizes its share of the host's CPU cores, and reads
+    the grammar vocabulary before it serves (XgrammarBackend.read_vocabulary says why)."""
+    executor, loaded = _build_rank.build_rank(
         config, tp, device_index=device_index, global_rank=device_index, **options
     )
+    if loaded.grammars is not None:
+        loaded.grammars.read_vocabulary()
+    return executor, loaded

@@ -62,6 +62,10 @@ class GrammarBackend(Protocol):
         """A fresh matcher; the grammar ends with one of `stop_token_ids`."""
         ...
 
+    def read_vocabulary(self) -> None:
+        """Read the tokenizer's vocabulary now instead of on the first compile."""
+        ...
+
     def close(self) -> None:
         """Stop compiling and let the backend's threads go."""
         ...

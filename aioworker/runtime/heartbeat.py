@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -19,6 +20,13 @@ from aioworker.runtime.lifecycle import RankLifecycle
 from aioworker.runtime.progress import StepProgress
 from aioworker.wire.protocol import Heartbeat, PeerReady, encode
 from aioworker.wire.transport import make_socket, remove_ipc_file
+
+log = logging.getLogger(__name__)
+
+# A gap between two beats longer than this many intervals is logged: the process was starved
+# (of CPU, or of the GIL by a call that holds it), and its watchers, who give up after 3
+# intervals (10 while it loads: wire/health.py), came close to taking it for dead.
+LATE_AFTER_INTERVALS = 2
 
 
 class ServingInfo(NamedTuple):
@@ -199,6 +207,7 @@ class HeartbeatThread:
         self._num_asked = 0  # beats asked for by beat_now and published
         # (ask number, future, its loop) of each `published` call not yet answered.
         self._waiters: list[tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._last_sent = 0.0  # when the thread last beat (monotonic)
         self._thread = threading.Thread(target=self._run, name="aioworker-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -236,18 +245,32 @@ class HeartbeatThread:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self._last_sent = time.monotonic()
         try:
             while not self._stopping:
                 self._drain()  # before the beat: what asks after this point gets another
                 with self._lock:
                     asked = self._num_asked
                 self._send()
+                self._report_if_late()
                 self._answer_waiters(asked)
                 poller.poll(self.source.interval_s * 1000)
             self._send()  # the final state
         finally:
             self._close()
             self._answer_waiters(None)
+
+    def _report_if_late(self) -> None:
+        now = time.monotonic()
+        gap, self._last_sent = now - self._last_sent, now
+        if gap > LATE_AFTER_INTERVALS * self.source.interval_s:
+            log.warning(
+                "heartbeat late: %.2fs since the last (interval %.2fs, state %s): the process "
+                "was starved of CPU, or of the GIL by a call that holds it",
+                gap,
+                self.source.interval_s,
+                self.source.lifecycle.state,
+            )
 
     def _wake(self) -> None:
         with self._lock:

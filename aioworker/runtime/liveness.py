@@ -1,5 +1,5 @@
 """Watch other ranks' heartbeats: a rank is lost when it beats FAILED, or when no beat has come
-for `stale_after` intervals (killed, frozen, or cut off)."""
+for as long as its last beat allows (killed, frozen, or cut off): health.stale_after_s."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import zmq.asyncio
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.state import ExitCode
 from aioworker.wire.drops import DropCounter
-from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.health import STALE_AFTER_INTERVALS, RankState, stale_after_s
 from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class LivenessWatch:
         started = time.monotonic()
         # Until a rank's first beat, allow for its process to start.
         self.deadlines = {rank: started + first_beat_grace_s for rank in ranks}
+        # How long each rank may be silent, as its last beat allows (the grace until one).
+        self.allowances = dict.fromkeys(ranks, first_beat_grace_s)
         self.states: dict[int, str] = {}
         # Each watched rank's latest beat (its expert load is read from there).
         self.last_beats: dict[int, Heartbeat] = {}
@@ -56,9 +58,12 @@ class LivenessWatch:
 
     def expect_beats_now(self, rank: int) -> None:
         """`rank` is known to be up (it said so on another socket): end its start-up grace, so a
-        rank lost before its first beat reached us is still noticed within 3 intervals."""
-        fresh = time.monotonic() + STALE_AFTER_INTERVALS * self.interval_s
-        self.deadlines[rank] = min(self.deadlines[rank], fresh) if rank in self.states else fresh
+        rank lost before its first beat reached us is still noticed within 3 intervals. A rank
+        that has beaten keeps the deadline its last beat set."""
+        if rank in self.states:
+            return
+        self.allowances[rank] = STALE_AFTER_INTERVALS * self.interval_s
+        self.deadlines[rank] = time.monotonic() + self.allowances[rank]
 
     def check(self, now: float) -> None:
         for rank, deadline in self.deadlines.items():
@@ -67,8 +72,9 @@ class LivenessWatch:
             if now > deadline:
                 raise FatalError(
                     ExitCode.PEER_LOST,
-                    f"rank {rank} sent no heartbeat for {STALE_AFTER_INTERVALS} intervals "
-                    f"({STALE_AFTER_INTERVALS * self.interval_s:.1f}s): killed, frozen or unreachable",
+                    f"rank {rank} sent no heartbeat for {self.allowances[rank]:.1f}s "
+                    f"({self.states.get(rank, 'before its first beat')}): killed, frozen or "
+                    "unreachable",
                 )
 
     def read_beats(self) -> None:
@@ -83,8 +89,7 @@ class LivenessWatch:
                 self.malformed.count(str(exc))
                 continue
             if beat.rank in self.deadlines:
-                self.deadlines[beat.rank] = (
-                    time.monotonic() + STALE_AFTER_INTERVALS * beat.interval_s
-                )
+                self.allowances[beat.rank] = stale_after_s(beat)
+                self.deadlines[beat.rank] = time.monotonic() + self.allowances[beat.rank]
                 self.states[beat.rank] = beat.state
                 self.last_beats[beat.rank] = beat

@@ -120,7 +120,8 @@ class Client:
         while_released: str = "queue",
     ) -> None:
         """`heartbeat_endpoints`: each group's driver heartbeat (by default derived from its
-        task endpoint); a group silent for 3 intervals, or with no beat within
+        task endpoint); a group silent for as long as its last beat allows
+        (health.stale_after_s), or with no beat within
         `first_beat_timeout_s`, has its open requests ended with an error.
         `max_message_bytes`: the groups' runtime.max_message_bytes; a larger request is
         refused here (a group would cut the connection off unread). `while_released`: theirs

@@ -1,6 +1,6 @@
 """A client's watch over the groups it sends to: each group's driver heartbeat, read from its
-PUB socket. A group that has not beaten for STALE_AFTER_INTERVALS of its intervals (or never
-beat within the first-beat allowance) is lost, and the client ends its open requests with an
+PUB socket. A group that has not beaten for as long as its last beat allows (health.stale_after_s)
+or never beat within the first-beat allowance is lost, and the client ends its open requests with an
 error instead of waiting for outputs that will not come."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from aioworker.wire.drops import DropCounter
-from aioworker.wire.health import MISSING, STALE, STALE_AFTER_INTERVALS, RankState
+from aioworker.wire.health import MISSING, STALE, RankState, stale_after_s
 from aioworker.wire.protocol import HEARTBEAT_DECODER, Heartbeat, ProtocolError
 from aioworker.wire.security import ClientSecurity
 from aioworker.wire.transport import make_socket
@@ -58,6 +58,8 @@ class GroupWatch:
         started = time.monotonic()
         self.deadlines = [started + first_beat_timeout_s] * len(heartbeat_endpoints)
         self.intervals = [interval_s] * len(heartbeat_endpoints)
+        # How long each group may be silent, as its last beat allows.
+        self.allowances = [first_beat_timeout_s] * len(heartbeat_endpoints)
         self.is_lost = [False] * len(heartbeat_endpoints)
         # Each group's state as its driver last published it; MISSING before its first beat.
         self.states: list[str] = [MISSING] * len(heartbeat_endpoints)
@@ -122,12 +124,13 @@ class GroupWatch:
             if beat.state == RankState.FAILED:
                 self._lose(group, f"group {group} failed: {beat.detail}")
                 continue
-            self.deadlines[group] = now + STALE_AFTER_INTERVALS * beat.interval_s
+            self.allowances[group] = stale_after_s(beat)
+            self.deadlines[group] = now + self.allowances[group]
             self.is_lost[group] = False
 
     def _check(self, group: int, now: float) -> None:
         if not self.is_lost[group] and now > self.deadlines[group]:
-            silent = STALE_AFTER_INTERVALS * self.intervals[group]
+            silent = self.allowances[group]
             self._lose(group, f"group {group} is lost: no heartbeat for {silent:.1f}s")
 
     def status(self, group: int) -> str:

@@ -40,6 +40,20 @@ FINAL_STATES = frozenset({RankState.STOPPED, RankState.FAILED})
 # A rank whose last beat is older than this many of its own intervals is lost (killed, frozen or
 # cut off): STALE to monitors, and fatal to the other ranks of its group.
 STALE_AFTER_INTERVALS = 3
+# ... or this many, while its last beat said it was loading, warming or taking new weights.
+# Those phases import torch, read tokenizers and compile kernels in calls that hold the GIL, so
+# the beat thread waits: on a busy 2-core host, importing torch kept a rank silent for 0.95 s,
+# more than 3 intervals of 0.3 s, and its peer took it for dead.
+LOADING_STALE_AFTER_INTERVALS = 10
+LOADING_STATES = frozenset(
+    {
+        RankState.STARTING,
+        RankState.LOADING,
+        RankState.PROFILING,
+        RankState.WARMING,
+        RankState.UPDATING_WEIGHTS,
+    }
+)
 MISSING = "MISSING"
 STALE = "STALE"
 
@@ -79,8 +93,14 @@ def rank_status(seen: Seen | None, now: float) -> str:
     return state
 
 
+def stale_after_s(beat: Heartbeat) -> float:
+    """How long after this beat its rank is lost if no other comes."""
+    loading = beat.state in LOADING_STATES
+    return (LOADING_STALE_AFTER_INTERVALS if loading else STALE_AFTER_INTERVALS) * beat.interval_s
+
+
 def is_stale(seen: Seen, now: float) -> bool:
-    return now - seen.received_at > STALE_AFTER_INTERVALS * seen.beat.interval_s
+    return now - seen.received_at > stale_after_s(seen.beat)
 
 
 def unhealthy_reason(seen: Seen | None, now: float) -> str | None:

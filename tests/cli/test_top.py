@@ -58,6 +58,16 @@ def test_status_is_missing_stale_or_the_beat_state() -> None:
     assert rank_status(seen(3.1, interval_s=2.0), NOW) == "READY"
     # A rank in a final state stops beating on purpose: it keeps showing its state.
     assert rank_status(seen(60.0, state="STOPPED"), NOW) == "STOPPED"
+
+
+def test_a_loading_rank_is_allowed_ten_intervals_of_silence() -> None:
+    """Loading, warming and new weights hold the GIL in long calls (importing torch, reading a
+    tokenizer, compiling kernels): a rank that said so is STALE after 10 intervals, not 3."""
+    for state in ("STARTING", "LOADING", "PROFILING", "WARMING", "UPDATING_WEIGHTS"):
+        assert rank_status(seen(9.9, state=state), NOW) == state
+        assert rank_status(seen(10.1, state=state), NOW) == STALE
+    for state in ("READY", "PAUSED", "DRAINING", "WEIGHTS_CLEARED"):
+        assert rank_status(seen(3.1, state=state), NOW) == STALE
     assert rank_status(seen(60.0, state="FAILED"), NOW) == "FAILED"
 
 

@@ -69,6 +69,9 @@ class FakeGrammars:
             self._settle(future, guided)
         return future
 
+    def read_vocabulary(self) -> None:
+        """The fake's vocabulary is its token ids: nothing to read."""
+
     def release(self) -> None:
         for future, guided in self.held:
             self._settle(future, guided)

@@ -173,3 +173,38 @@ def test_a_stop_that_finds_the_beat_thread_ended_closes_nothing_twice(
         assert never_started._closed
     finally:
         context.term()
+
+
+def test_a_beat_held_up_for_intervals_is_logged_and_one_on_time_is_not(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    """Operators learn that a rank was starved (the CPU, or the GIL held by an import) before
+    its watchers give up on it."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from aioworker.runtime import heartbeat
+
+    monkeypatch.setattr(heartbeat, "encode", lambda beat: [b"beat"])
+    made: list[float] = []
+
+    def make() -> None:
+        made.append(time.monotonic())
+        if len(made) == 3:
+            time.sleep(1.0)  # five intervals: the thread waits on what holds it up
+
+    source = SimpleNamespace(interval_s=0.2, make=make, lifecycle=SimpleNamespace(state="READY"))
+    context = zmq.Context()
+    try:
+        with caplog.at_level(logging.WARNING, logger=heartbeat.__name__):
+            beats = heartbeat.HeartbeatThread(source, context, f"ipc://{tmp_path}/beats", None)
+            beats.start()
+            while len(made) < 5:
+                time.sleep(0.01)
+            beats.stop()
+    finally:
+        context.term()
+    late = [r.getMessage() for r in caplog.records if "heartbeat late" in r.getMessage()]
+    assert len(late) == 1, late
+    assert "state READY" in late[0] and "interval 0.20s" in late[0]

@@ -16,12 +16,18 @@ from aioworker.wire.protocol import Heartbeat, encode
 from aioworker.wire.security import ClientSecurity
 
 
-def beat(state: str, pid: int = 1) -> list[bytes]:
+def beat(state: str, pid: int = 1, interval_s: float = 0.05) -> list[bytes]:
     fields = dict(step_id=0, step_elapsed_s=0.0, num_running=0, num_waiting=0)
     fields |= dict(kv_blocks_used=0, kv_blocks_total=8, tokens_per_s=0.0, weights_version=0)
     return encode(
         Heartbeat(
-            group=0, rank=0, pid=pid, state=state, interval_s=0.05, sent_at=time.time(), **fields
+            group=0,
+            rank=0,
+            pid=pid,
+            state=state,
+            interval_s=interval_s,
+            sent_at=time.time(),
+            **fields,
         )
     )
 
@@ -98,3 +104,29 @@ def test_a_driver_that_restarts_before_it_is_missed_ends_what_the_old_one_held(t
     seen, lost = asyncio.run(scenario())
     assert seen[:2] == [("READY", []), ("READY", [])]
     assert seen[2] == ("READY", ["group 0 restarted (driver pid 200)"])
+
+
+def test_a_loading_group_may_be_silent_longer_than_a_ready_one(tmp_path) -> None:
+    """Silent for 5 intervals after its last beat: lost if that beat said READY, not if it said
+    LOADING (10 intervals are allowed while a rank imports and reads its files)."""
+    endpoint = f"ipc://{tmp_path}/beats"
+
+    async def silent_after(state: str) -> tuple[bool, list[str]]:
+        context, driver, watch, lost = watched(endpoint, 10.0)
+        watcher = asyncio.ensure_future(watch.run())
+        try:
+            deadline = time.monotonic() + 5
+            while watch.status(0) != state and time.monotonic() < deadline:
+                await driver.send_multipart(beat(state, interval_s=0.1))
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            return watch.is_lost[0], lost
+        finally:
+            watcher.cancel()
+            watch.close()
+            driver.close()
+            context.term()
+
+    assert asyncio.run(silent_after("LOADING")) == (False, [])
+    is_lost, lost = asyncio.run(silent_after("READY"))
+    assert is_lost and lost == ["group 0 is lost: no heartbeat for 0.3s"]

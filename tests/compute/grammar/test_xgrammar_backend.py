@@ -108,3 +108,24 @@ def test_a_matcher_fills_its_row_with_its_allowed_tokens(backend: XgrammarBacken
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
     assert allowed[0].sum() > 1 and allowed[0, EOS] == 0
     assert np.flatnonzero(allowed[1]).tolist() == [EOS]  # "yes" is whole: only the end
+
+
+def test_a_vocabulary_read_up_front_is_not_read_again_by_the_first_compile(
+    embedded_model_dir, monkeypatch
+) -> None:
+    """A serving rank reads it while loading: read on a first request, it held the GIL long
+    enough to pause every stream and the rank's heartbeat."""
+    from aioworker.compute.grammar import xgrammar_backend
+
+    fresh = XgrammarBackend(embedded_model_dir / "tokenizer.json", VOCAB, (EOS,))
+    try:
+        fresh.read_vocabulary()
+
+        def read_again(*args):
+            raise AssertionError("the first compile read the vocabulary")
+
+        monkeypatch.setattr(xgrammar_backend, "tokenizer_info", read_again)
+        guided = GuidedParams(json_schema=SCHEMA)
+        assert fresh.matcher(fresh.compile(guided).result(), [EOS]).accept_string('{"name"')
+    finally:
+        fresh.close()
