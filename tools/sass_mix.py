@@ -9,6 +9,7 @@ the loop means a shared-memory exchange each step (that is how `wide_x` was foun
     PYTHONPATH=/tmp/triton-3.6.0:. python tools/sass_mix.py e4m3 fma 16x256 [--wide-x]
         [--bits] [--a8] [--rows 16] [--warps 4]
     python tools/sass_mix.py int4-blocks fma 64x512 --warps 2     int4's blocks layout
+    python tools/sass_mix.py int8 fma 16x256 --wide-x --words --pipelined    W copied ahead
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def main() -> None:
     parser.add_argument("--a8", action="store_true")
     parser.add_argument("--wide-x", action="store_true")
     parser.add_argument("--words", action="store_true", help="int8: a word at a time by PTX")
+    parser.add_argument(
+        "--pipelined", action="store_true", help="FMA tiles: loads issued --stages - 1 steps ahead"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -93,6 +97,7 @@ def main() -> None:
         WORDS=int(args.words and args.format == "int8"),
         INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
+        FMA_STAGES=args.stages if args.pipelined and not dot else None,
     )  # fmt: skip
     compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": args.stages})
     counts = opcode_counts(compiled.asm["cubin"])

@@ -97,7 +97,7 @@ def _small_rows_kernel(
     INT4_BLOCKS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-    LINE_UNITS: tl.constexpr,
+    LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -117,7 +117,9 @@ def _small_rows_kernel(
     with SPLIT, squares_ptr takes each slice's sums of squares [splits, rows] (FOLD: each
     tile's, [tiles, splits, rows]). PREFETCH_LINES (with PDL): the lines of each of the
     program's W rows (LINE_UNITS stored units a line) fetched into L2 while it waits on the
-    kernel before."""
+    kernel before. FMA_STAGES (Tiles.pipelined): the K loop's loads issued this many steps
+    ahead, through shared memory; None leaves the loop to Triton, which pipelines only loads
+    that feed a dot."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -140,7 +142,7 @@ def _small_rows_kernel(
     if A8:  # e4m3 tiles as stored
         tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
-    for start in range(0, k_per_split, BLOCK_K):
+    for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
         if INT4_BLOCKS and not DOT:
             gate_acc, up_acc = _int4_block_steps(
                 gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,

@@ -119,7 +119,8 @@ def small_rows_product(
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
-        LINE_UNITS=max(1, LINE_BYTES // weight.element_size()), **options,
+        LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
+        FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None, **options,
     )  # fmt: skip
     if splits > 1 and not fold:
         reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](

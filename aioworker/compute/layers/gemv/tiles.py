@@ -24,7 +24,11 @@ class Tiles:
     `words` (int8): widened exactly a 32-bit word at a time by PTX (widening.py), on FMA tiles
     to four float32, on tensor cores (bf16 rows) to two bf16 pairs.
     `blocks` (int4 on FMA tiles): W read from its blocks layout, derived at load time, whose
-    values an SM widens and multiplies in ~3.5 instructions each (int4_blocks.py)."""
+    values an SM widens and multiplies in ~3.5 instructions each (int4_blocks.py).
+    `pipelined` (FMA tiles): the K loop's loads issued `num_stages - 1` steps ahead, copied
+    to shared memory asynchronously. Triton pipelines only loads that feed a dot, so an FMA
+    tile's step otherwise waits for its own loads in full, whatever `num_stages` says; at one
+    row, a few such tiles per SM keep too few bytes in flight to cover the memory's latency."""
 
     dot: bool = True
     block_n: int = 64
@@ -39,3 +43,4 @@ class Tiles:
     wide_x: bool = False
     words: bool = False
     blocks: bool = False
+    pipelined: bool = False

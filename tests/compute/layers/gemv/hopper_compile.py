@@ -82,6 +82,7 @@ def product_variant(
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
+        "FMA_STAGES": None,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -127,6 +128,11 @@ def main() -> None:
             assert waits == split, "a PDL launch must wait on the kernel before it first"
             assert ("prefetch.global.L2" in ptx) == split, "the PDL variant prefetches W"
             print(f"compiled {fmt} dot={dot} gated={gated} split={split} even_k={even_k} {norm}")
+    for fmt in WEIGHTS:  # FMA tiles pipelined (Tiles.pipelined): W copied ahead, asynchronously
+        variant = product_variant(fmt, True, False, True, True, "", aligned=True, FMA_STAGES=3)
+        ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
+        assert "cp.async" in ptx, "a pipelined FMA tile copies its loads ahead"
+        print(f"compiled {fmt} dot=False pipelined")
     for dot in (True, False):  # int4's blocks for float32 rows: Triton's operations, not PTX
         variant = product_variant("int4-blocks", True, dot, True, False, "", x="*fp32",
                                   INT4_BLOCKS=2, IEEE=True)  # fmt: skip

@@ -183,6 +183,7 @@ def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
         for rows, tiles in ((1, Tiles(False, 64, 256, 1, 2, blocks=True)),
                             (1, Tiles(False, 128, 256, 4, 4, blocks=True)),
                             (1, Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)),
+                            (1, Tiles(False, 16, 512, 2, 4, blocks=True, pipelined=True)),
                             (1, Tiles(True, 128, 256, 1, 4, num_stages=1, blocks=True)),
                             (3, Tiles(True, 64, 128, 4, 4, blocks=True, fold=True)),
                             (8, Tiles(True, 128, 256, 2, 4, num_stages=1, blocks=True))):  # fmt: skip
@@ -209,10 +210,15 @@ def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
         dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
         weight, scale, groups, values = stored(dense, fmt)
         cuts = [Tiles(dot=False, block_n=16, block_k=512, splits=2, bits=True),
+                Tiles(dot=False, block_n=16, block_k=512, splits=2, bits=True, pipelined=True),
                 Tiles(block_n=64, block_k=32, splits=4, bits=True)]  # fmt: skip
         if fmt == "int8":  # and a word at a time by PTX (words), the values' order included:
             # four float32 on FMA tiles, two bf16 pairs on tensor cores (also at one stage)
             cuts.insert(0, Tiles(dot=False, block_n=16, block_k=256, words=True, wide_x=True))
+            cuts.insert(
+                0,
+                Tiles(dot=False, block_n=16, block_k=256, words=True, wide_x=True, pipelined=True),
+            )  # W's words copied to shared memory ahead
             cuts += [Tiles(block_n=128, block_k=128, splits=2, num_stages=1, words=True),
                      Tiles(block_n=64, block_k=256, splits=4, words=True, fold=True)]  # fmt: skip
         for rows in (1, 3, 8):

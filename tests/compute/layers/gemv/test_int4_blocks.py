@@ -39,6 +39,7 @@ BLOCKS_TILES = [
     Tiles(dot=False, blocks=True, block_n=16, block_k=64),
     Tiles(dot=False, blocks=True, block_n=8, block_k=128, splits=3),  # a slice past K's end
     Tiles(dot=False, blocks=True, block_n=16, block_k=32, splits=2, fold=True),
+    Tiles(dot=False, blocks=True, block_n=8, block_k=32, num_stages=3, pipelined=True),
 ]
 
 

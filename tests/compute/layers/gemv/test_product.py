@@ -43,6 +43,8 @@ FMA_TILES = [
     Tiles(dot=False, block_n=8, block_k=64, splits=2),
     Tiles(dot=False, block_n=16, block_k=32, splits=3, fold=True),
     Tiles(dot=False, block_n=8, block_k=32, splits=3, wide_x=True),  # x in W's tile shape
+    # loads issued two steps ahead, and folded: K's loop of 2 or 4 steps a slice
+    Tiles(dot=False, block_n=16, block_k=16, splits=2, num_stages=3, pipelined=True, fold=True),
 ]
 
 
@@ -108,7 +110,9 @@ def test_refuses_what_it_cannot_multiply() -> None:
 
 
 @pytest.mark.parametrize("tiles", [Tiles(block_n=16, block_k=32, splits=2),
-                                   Tiles(dot=False, block_n=16, block_k=32, splits=2, words=True)])  # fmt: skip
+                                   Tiles(dot=False, block_n=16, block_k=32, splits=2, words=True),
+                                   Tiles(dot=False, block_n=16, block_k=16, words=True,
+                                         wide_x=True, pipelined=True)])  # fmt: skip
 def test_int8_weights_with_channel_scales_equal_their_dequantized_product(tiles: Tiles) -> None:
     """On the FMA tiles also widened four a word (`words`: by PTX on a GPU; the interpreter
     runs its Triton twin, the same values)."""

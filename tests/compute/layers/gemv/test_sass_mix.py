@@ -35,6 +35,16 @@ def test_the_row_load_waits_on_a_barrier_each_step_and_wide_x_does_not() -> None
     assert row["FFMA"] == wide["FFMA"] == 1.0 and row["F2FP"] == wide["F2FP"] == 0.5
 
 
+def test_a_pipelined_fma_tile_copies_its_loads_ahead_and_a_plain_one_waits_on_them() -> None:
+    """Triton pipelines only loads that feed a dot: a plain FMA tile loads W into registers and
+    waits on it every step, whatever num_stages says; `pipelined` copies the steps ahead into
+    shared memory (LDGSTS) and reads them from there."""
+    plain = mix("int8", "fma", "16x256", "--wide-x", "--words")
+    piped = mix("int8", "fma", "16x256", "--wide-x", "--words", "--pipelined")
+    assert "LDGSTS" not in plain and plain["LDG"] > 0
+    assert piped["LDGSTS"] > 0 and "LDG" not in piped and piped["LDS"] > 0
+
+
 def test_int8_widened_four_a_word_needs_no_conversion_and_fewer_instructions_than_bits() -> None:
     """`words`: no conversion instruction (I2F issues at a quarter of the rate), and fewer
     instructions per weight than `bits`, whose Triton widens each byte to 32 bits first."""

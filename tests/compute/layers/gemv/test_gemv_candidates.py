@@ -1,0 +1,35 @@
+"""tools/gemv_candidates.py: a sweep compares each kernel option with itself off, so every FMA
+tiling it times comes also pipelined, and --refine's neighbours toggle it."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tools"))
+
+from gemv_candidates import candidates, neighbours, refined  # noqa: E402
+
+from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
+
+
+def test_every_fma_tiling_of_a_full_sweep_is_timed_also_pipelined() -> None:
+    for fmt in ("none", "fp8", "wint8", "wint4"):
+        fma = candidates(4096, 14336, False, False, 132, fmt)
+        plain = [t for t in fma if not t.pipelined]
+        assert plain and all(dataclasses.replace(t, pipelined=True) in fma for t in plain)
+        assert not any(t.pipelined for t in candidates(4096, 14336, False, True, 132, fmt))
+
+
+def test_neighbours_toggle_the_pipeline_and_its_depth_on_fma_tiles_only() -> None:
+    fma = Tiles(False, 16, 512, 2, num_stages=4)
+    near = neighbours(fma, "wint8")
+    assert dataclasses.replace(fma, pipelined=True) in near
+    piped = dataclasses.replace(fma, pipelined=True)
+    assert {t.num_stages for t in neighbours(piped, "wint8") if t.pipelined} == {2, 4}
+    assert not any(t.pipelined for t in neighbours(Tiles(True, 64, 128, 4), "wint8"))
+
+
+def test_a_one_row_refine_tries_pipelined_fma_tiles() -> None:
+    assert any(t.pipelined and not t.dot for t in refined(4096, 14336, False, "wint4", 1, 132))
