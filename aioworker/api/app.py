@@ -142,7 +142,7 @@ async def answer(gateway: Gateway, request: Request, endpoint: str, prepare: Pre
     metrics.in_flight.inc()
     status = 200
     try:
-        gateway.check_can_serve()  # before anything is paid for: tokenizing, choices
+        await gateway.check_can_serve()  # before anything is paid for: tokenizing, choices
         prepared = await prepare(gateway, await request.body(), arrived)
         response = await respond(gateway, prepared, request, endpoint)
         if isinstance(response, EventStream):

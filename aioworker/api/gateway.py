@@ -94,11 +94,15 @@ class Gateway:
         states = self.group_states() if states is None else states
         return any(self.client.takes_requests(state) for state in states)
 
-    def check_can_serve(self) -> None:
+    async def check_can_serve(self) -> None:
         """503 only when no group can take a request (every one missing, stale, starting,
         draining, stopped or failed); it names each group's state. A group whose state queues
-        requests takes them: they run when it resumes."""
+        requests takes them: they run when it resumes. A request that comes before the groups'
+        first beats have (the server started beside its workers) waits for them first."""
         states = self.group_states()
+        if not self.is_ready(states):
+            await self.client.first_beats()
+            states = self.group_states()
         if not self.is_ready(states):
             listed = ", ".join(f"group {g} {state}" for g, state in enumerate(states))
             raise unavailable(f"no worker group can take requests ({listed}); retry later")

@@ -105,6 +105,8 @@ class RequestStream:
 RESULTS_PER_WAKE = 16
 # A request with a deadline ends here this long after it, if its group has not ended it.
 DEADLINE_GRACE_S = 2.0
+# How often a request that arrived before its groups' first beats looks for them again.
+FIRST_BEAT_POLL_S = 0.005
 
 
 class Client:
@@ -356,6 +358,13 @@ class Client:
             return []
         self._watch.refresh()
         return [self._watch.status(group) for group in range(len(self.task_endpoints))]
+
+    async def first_beats(self) -> None:
+        """Return once every group has beaten, or has not within its first-beat allowance: a
+        client started beside its workers (`aioworker serve`) would otherwise find them all
+        MISSING for the moment their first beats take to arrive, and refuse what came then."""
+        while self._started and self._watch.awaiting_first_beat():
+            await asyncio.sleep(FIRST_BEAT_POLL_S)
 
     def latest_heartbeats(self) -> list[Heartbeat | None]:
         """Each group's latest driver heartbeat (None before its first, or before start())."""

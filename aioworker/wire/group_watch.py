@@ -92,6 +92,19 @@ class GroupWatch:
         for group, reader in enumerate(self._readers):
             self._read_beats(group, reader, now)
 
+    def awaiting_first_beat(self) -> bool:
+        """Whether some group has not beaten yet and is still within its first-beat allowance
+        (after refreshing: every beat that has arrived counts; one past its allowance is lost
+        here, as the watch's next check would find it)."""
+        self.refresh()
+        now = time.monotonic()
+        for group in range(len(self.states)):
+            self._check(group, now)
+        return any(
+            state == MISSING and not lost and now <= deadline
+            for state, lost, deadline in zip(self.states, self.is_lost, self.deadlines, strict=True)
+        )
+
     def close(self) -> None:
         for sock in self.sockets:
             sock.close(linger=0)
@@ -134,8 +147,9 @@ class GroupWatch:
             self._lose(group, f"group {group} is lost: no heartbeat for {silent:.1f}s")
 
     def status(self, group: int) -> str:
-        """The group's published state, or STALE once it is lost to silence."""
-        if self.is_lost[group] and self.states[group] != RankState.FAILED:
+        """The group's published state, or STALE once it is lost to silence (MISSING while it
+        has never beaten, lost or not)."""
+        if self.is_lost[group] and self.states[group] not in (RankState.FAILED, MISSING):
             return STALE
         return self.states[group]
 

@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from aioworker.wire.group_watch import GroupWatch
-from aioworker.wire.health import STALE
+from aioworker.wire.health import MISSING, STALE
 from aioworker.wire.protocol import Heartbeat, encode
 from aioworker.wire.security import ClientSecurity
 
@@ -130,3 +130,42 @@ def test_a_loading_group_may_be_silent_longer_than_a_ready_one(tmp_path) -> None
     assert asyncio.run(silent_after("LOADING")) == (False, [])
     is_lost, lost = asyncio.run(silent_after("READY"))
     assert is_lost and lost == ["group 0 is lost: no heartbeat for 0.3s"]
+
+
+def test_a_request_before_the_first_beat_waits_for_it_not_for_the_allowance(tmp_path) -> None:
+    """An API server started beside its workers found the group MISSING for the moment its
+    first beat took to arrive, and refused a request sent then (503)."""
+    from aioworker.wire.client import Client
+
+    async def first_beats_after(delay_s: float | None) -> tuple[float, list[str]]:
+        context = zmq.asyncio.Context()
+        driver = context.socket(zmq.PUB)
+        driver.setsockopt(zmq.LINGER, 0)
+        driver.bind(f"ipc://{tmp_path}/beats")
+        client = Client([f"ipc://{tmp_path}/tasks"], f"ipc://{tmp_path}/replies",
+                        heartbeat_endpoints=[f"ipc://{tmp_path}/beats"],
+                        first_beat_timeout_s=1.0)  # fmt: skip
+        await client.start()
+
+        async def beat_later() -> None:
+            await asyncio.sleep(delay_s)
+            while True:
+                await driver.send_multipart(beat("READY"))
+                await asyncio.sleep(0.01)
+
+        beating = asyncio.ensure_future(beat_later()) if delay_s is not None else None
+        started = time.monotonic()
+        try:
+            await client.first_beats()
+            return time.monotonic() - started, client.group_states()
+        finally:
+            if beating is not None:
+                beating.cancel()
+            await client.close()
+            driver.close()
+            context.term()
+
+    waited, states = asyncio.run(first_beats_after(0.2))
+    assert states == ["READY"] and 0.15 < waited < 0.9, waited
+    waited, states = asyncio.run(first_beats_after(None))  # never beats: the allowance ends it
+    assert states == [MISSING] and 0.9 < waited < 3.0, waited
