@@ -1,7 +1,7 @@
 """A client's watch over the groups it sends to: each group's driver heartbeat, read from its
-PUB socket. A group that has not beaten for as long as its last beat allows (health.stale_after_s)
-or never beat within the first-beat allowance is lost, and the client ends its open requests with an
-error instead of waiting for outputs that will not come."""
+PUB socket. A group silent for as long as its last beat allows (health.stale_after_s), or that
+never beat within the first-beat allowance, is lost, and the client ends its open requests with
+an error instead of waiting for outputs that will not come."""
 
 from __future__ import annotations
 
