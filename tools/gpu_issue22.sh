@@ -25,10 +25,11 @@
 #                                 (int4's blocks, int8's words; commit the table), W4 of both
 #   tools/gpu_issue22.sh blocks   int4's blocks tests, a refine sweep of wint4 with PDL (commit
 #                                 the table), W4 wint4
-#   tools/gpu_issue22.sh pipelined  the stored formats' kernel tests (pipelined FMA tiles,
-#                                 int4's blocks), a refine sweep of fp8, wint8 and wint4 with
-#                                 PDL (FMA tiles with and without their loads issued ahead;
-#                                 commit the table), W4 wint8 and wint4
+#   tools/gpu_issue22.sh pipelined [FORMATS]  the stored formats' kernel tests (pipelined FMA
+#                                 tiles, int4's blocks), a refine sweep with PDL of FORMATS
+#                                 (default fp8,wint8,wint4; FMA tiles with and without their
+#                                 loads issued ahead; commit the table), W4 wint8 and wint4
+#                                 (with FORMATS given: W4 of those)
 #   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
 #                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -203,9 +204,9 @@ case "${1:-}" in
       tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
       > "$out/gemv_tests.log" 2>&1
     timeout 350 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 300 \
-      --write-table --refine --pdl --formats fp8,wint8,wint4 > "$out/gemv_tune.log" 2>&1
+      --write-table --refine --pdl --formats "${2:-fp8,wint8,wint4}" > "$out/gemv_tune.log" 2>&1
     keep_table
-    w4 wint8,wint4 110 p
+    w4 "${2:-wint8,wint4}" 110 p
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -30
     echo "== w4"; tail -6 "$out/w4_p.log"
