@@ -10,30 +10,13 @@ import zmq
 
 from aioworker.runtime.lifecycle import FatalError
 from aioworker.runtime.liveness import SUBSCRIBE_ALL, LivenessWatch
-from aioworker.wire.protocol import Heartbeat, encode
+from tests.beats import beat_frames
 
 INTERVAL_S = 0.1
 
 
 def beat(state: str) -> list[bytes]:
-    return encode(
-        Heartbeat(
-            group=0,
-            rank=1,
-            pid=7,
-            state=state,
-            step_id=0,
-            step_elapsed_s=0.0,
-            num_running=0,
-            num_waiting=0,
-            kv_blocks_used=0,
-            kv_blocks_total=8,
-            tokens_per_s=0.0,
-            weights_version=0,
-            interval_s=INTERVAL_S,
-            sent_at=time.time(),
-        )  # fmt: skip
-    )
+    return beat_frames(state, rank=1, pid=7, interval_s=INTERVAL_S)
 
 
 @pytest.fixture

@@ -12,24 +12,8 @@ import zmq.asyncio
 
 from aioworker.wire.group_watch import GroupWatch
 from aioworker.wire.health import MISSING, STALE
-from aioworker.wire.protocol import Heartbeat, encode
 from aioworker.wire.security import ClientSecurity
-
-
-def beat(state: str, pid: int = 1, interval_s: float = 0.05) -> list[bytes]:
-    fields = dict(step_id=0, step_elapsed_s=0.0, num_running=0, num_waiting=0)
-    fields |= dict(kv_blocks_used=0, kv_blocks_total=8, tokens_per_s=0.0, weights_version=0)
-    return encode(
-        Heartbeat(
-            group=0,
-            rank=0,
-            pid=pid,
-            state=state,
-            interval_s=interval_s,
-            sent_at=time.time(),
-            **fields,
-        )
-    )
+from tests.beats import beat_frames as beat
 
 
 def watched(endpoint: str, first_beat_timeout_s: float):
@@ -91,7 +75,7 @@ def test_a_driver_that_restarts_before_it_is_missed_ends_what_the_old_one_held(t
             for pid in (100, 100, 200):
                 deadline = time.monotonic() + 5
                 while watch.driver_pids[0] != pid and time.monotonic() < deadline:
-                    await driver.send_multipart(beat("READY", pid))
+                    await driver.send_multipart(beat("READY", pid=pid))
                     await asyncio.sleep(0.01)
                     watch.refresh()
                 seen.append((watch.status(0), list(lost)))
