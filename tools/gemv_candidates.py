@@ -24,7 +24,8 @@ def candidates(
     tiling also widening by bit operations (bits), each split one also folded (fold), and each FMA
     one of a stored format also with x loaded in W's tile shape (wide_x), int8's widened a word
     at a time by PTX (words; on tensor cores also with one stage), int4's blocks layout's
-    tilings (blocks), and each FMA one also with its loads issued ahead (pipelined)."""
+    tilings (blocks, also reading each step's words a step early: ahead), and each FMA one also
+    with its loads issued ahead (pipelined)."""
     if dot:
         grid = itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8))
     else:
@@ -49,9 +50,11 @@ def candidates(
         found += blocks_candidates(channels, depth, gated, sms)
     if not dot:  # each FMA tiling also with its loads issued ahead
         found += [dataclasses.replace(t, pipelined=True) for t in found]
-    if dot and fmt == "wint4":  # int4's blocks on tensor cores, with and without a pipeline
+    if dot and fmt == "wint4":  # int4's blocks on tensor cores, with and without a pipeline,
+        # and with one stage reading each step's words during the step before
         bases = [t for t in found if not (t.bits or t.fold)]
         found += [dataclasses.replace(t, blocks=True, num_stages=s) for t in bases for s in (1, 4)]
+        found += [dataclasses.replace(t, blocks=True, num_stages=1, ahead=True) for t in bases]
     if dot and fmt == "wint8":  # int8's bf16 pairs on tensor cores, also with one stage
         found += [dataclasses.replace(t, num_stages=1) for t in found if t.words]
     return found
@@ -71,15 +74,17 @@ def blocks_candidates(channels: int, depth: int, gated: bool, sms: int) -> list[
         if depth // splits < block_k or not sms // 2 <= programs <= 16 * sms:
             continue
         base = Tiles(False, block_n, block_k, splits, warps, num_stages=4, blocks=True)
-        found += [base, dataclasses.replace(base, fold=True)] if splits > 1 else [base]
+        bases = [base, dataclasses.replace(base, fold=True)] if splits > 1 else [base]
+        found += bases + [dataclasses.replace(t, ahead=True) for t in bases]
     return found
 
 
 def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
     (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, wide_x for
-    FMA tiles of a stored format, words for int8's, pipelined for FMA tiles (and, pipelined,
-    two stages or four), and with programmatic dependent launch on, prefetch)."""
+    FMA tiles of a stored format, words for int8's, ahead for int4's blocks, pipelined for FMA
+    tiles (and, pipelined, two stages or four), and with programmatic dependent launch on,
+    prefetch)."""
     r = dataclasses.replace
     found = [
         base,
@@ -98,6 +103,8 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
             found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
+    if base.blocks:  # each step's words read during the step before, in registers
+        found.append(r(base, ahead=not base.ahead))
     if base.blocks and not base.dot:  # the rows a thread shares x between: warps, same tile
         found += [
             r(base, num_warps=base.num_warps * 2),

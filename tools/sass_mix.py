@@ -10,6 +10,7 @@ the loop means a shared-memory exchange each step (that is how `wide_x` was foun
         [--bits] [--a8] [--rows 16] [--warps 4]
     python tools/sass_mix.py int4-blocks fma 64x512 --warps 2     int4's blocks layout
     python tools/sass_mix.py int8 fma 16x256 --wide-x --words --pipelined    W copied ahead
+    python tools/sass_mix.py int4-blocks dot 128x256 --stages 1 --ahead   W read a step early
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main() -> None:
     parser.add_argument(
         "--pipelined", action="store_true", help="FMA tiles: loads issued --stages - 1 steps ahead"
     )
+    parser.add_argument(
+        "--ahead", action="store_true", help="int4-blocks: each step reads the next one's words"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -98,6 +102,7 @@ def main() -> None:
         INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
         FMA_STAGES=args.stages if args.pipelined and not dot else None,
+        AHEAD=args.ahead and args.format == "int4-blocks",
     )  # fmt: skip
     compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": args.stages})
     counts = opcode_counts(compiled.asm["cubin"])

@@ -65,31 +65,56 @@ _WORD_AS_FLOAT32 = tl.constexpr("""{
 
 
 @triton.jit
-def int4_block_step(
-    acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
-    stride_group_row, stride_group, depth, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-    INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def blocks_operands(
+    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
+    stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """acc [BLOCK_N, BLOCK_K / 32] (float32) plus row 0 of x times W's rows `w_rows` (blocks
-    layout, [N, K / 8] int32) over columns k0 .. k0 + BLOCK_K, summed per block of 32 and
-    scaled by the block's group. ASM: widened by PTX (1) or, in the interpreter, by Triton's
-    operations on the same bits (2)."""
+    """What one step of K from k0 reads of W's rows `w_rows` (blocks layout, [N, K / 8] int32):
+    the words [rows, BLOCK_K / 32, 4], and each block's group scale and offset [rows,
+    BLOCK_K / 32] as stored. Loaded apart from their use, so that a step can be read while the
+    one before is multiplied (Tiles.ahead). Rows past N read row 0 (their sums are never
+    stored: no load is predicated per row); past K: zeros."""
     BLOCKS: tl.constexpr = BLOCK_K // BLOCK
     blocks = k0 // BLOCK + tl.arange(0, BLOCKS)
+    w_rows = tl.where(in_range, w_rows, 0)
+    at = (
+        w_rows[:, None] * stride_group_row
+        + block_groups(blocks, INT4_GROUP)[None, :] * stride_group
+    )
     units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
-    mask = in_range[:, None, None]
-    if not EVEN_K:
-        mask = mask & (units[None, :, :] < depth // 8)
-    words = tl.load(w_ptr + w_rows[:, None, None] * stride_w + units[None, :, :], mask=mask,
-                    other=0)  # fmt: skip
+    words_at = w_rows[:, None, None] * stride_w + units[None, :, :]
+    if EVEN_K:
+        words = tl.load(w_ptr + words_at)
+        s = tl.load(group_scale_ptr + at)
+        o = tl.load(group_offset_ptr + at)
+    else:  # a split may pass K
+        group_mask = (blocks < depth // BLOCK)[None, :]
+        words = tl.load(w_ptr + words_at, mask=(units < depth // 8)[None, :, :], other=0)
+        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
+        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
+    return words, s, o
+
+
+@triton.jit
+def int4_block_step(
+    acc, x_ptr, words, s, o, k0, depth, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """acc [rows, BLOCK_K / 32] (float32) plus row 0 of x times one step of K from k0 of W's
+    rows, as `blocks_operands` read them: summed per block of 32 and scaled by the block's
+    group. ASM: widened by PTX (1) or, in the interpreter, by Triton's operations on the same
+    bits (2)."""
+    BLOCKS: tl.constexpr = BLOCK_K // BLOCK
     values = _words_as_float32(words, ASM)
     # x for value i of every word: x[32 b + 4 i + u], [1, blocks, 4], broadcast over the rows
     # (loaded in the words' full shape, Triton 3.6 loads and widens it once per row a thread
     # holds: 5.7 instructions a weight against 4.9; 3.9 shares them either way, 3.4-3.5)
-    first_ks = (blocks[:, None] * BLOCK + tl.arange(0, 4)[None, :])[None]
+    # offsets from the step's first x, known to the compiler: immediates of one address
+    first_ks = (tl.arange(0, BLOCKS)[:, None] * BLOCK + tl.arange(0, 4)[None, :])[None]
+    x_step = x_ptr + k0
     for t in tl.static_range(4):  # unrolled: the sums begin at t = 0
-        x_a = _x_at(x_ptr, first_ks + 4 * ((3 + 2 * t) % 8), depth, EVEN_K)
-        x_b = _x_at(x_ptr, first_ks + 4 * ((4 + 2 * t) % 8), depth, EVEN_K)
+        x_a = _x_at(x_step, first_ks + 4 * ((3 + 2 * t) % 8), depth - k0, EVEN_K)
+        x_b = _x_at(x_step, first_ks + 4 * ((4 + 2 * t) % 8), depth - k0, EVEN_K)
         if t == 0:  # no adds to zero: they are not free, and not dropped (-0.0)
             sums = values[0] * x_a
             x_sum_a, x_sum_b = x_a, x_b
@@ -102,12 +127,7 @@ def int4_block_step(
     x_b_total = tl.sum(x_sum_b, axis=2)
     signed_sums = (tl.sum(sums, axis=2) - (SLOT_A_OFFSET + 8.0) * x_a_total
                    - (SLOT_B_OFFSET + 8.0) * x_b_total)  # fmt: skip
-    groups = block_groups(blocks, INT4_GROUP)
-    group_mask = in_range[:, None] & (blocks[None, :] < depth // BLOCK)  # a split may pass K
-    at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
-    s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-    o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0).to(tl.float32)
-    return acc + signed_sums * s + o * (x_a_total + x_b_total)
+    return acc + signed_sums * s.to(tl.float32) + o.to(tl.float32) * (x_a_total + x_b_total)
 
 
 @triton.jit
@@ -123,7 +143,7 @@ def block_groups(blocks, INT4_GROUP: tl.constexpr):
 
 @triton.jit
 def _x_at(x_ptr, ks, depth, EVEN_K: tl.constexpr):
-    """x's bf16 values at `ks` as float32, by a shift (a conversion instruction would not be
+    """x's bf16 values at `ks` (those at `depth` or past it: zeros) as float32, by a shift (a conversion instruction would not be
     shared between the tile's rows: those loading the same x reuse one load and one shift)."""
     if EVEN_K:  # noqa: SIM108 - a constexpr branch: the masked load is not compiled
         x = tl.load(x_ptr + ks)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION, block_groups
+from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION
 
 # Blocks a step's columns interleave, so that a thread of the tensor cores' layout takes one
 # block's words (the module's note); a step of fewer blocks is one group.
@@ -84,35 +84,16 @@ def k_order(BLOCK_K: tl.constexpr):
 
 @triton.jit
 def dequantized_tile(
-    w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
-    stride_group, depth, dtype: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-    INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    words, s, o, dtype: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """W's rows `w_rows` (blocks layout, [N, K / 8] int32) over one step of K from k0, as
-    (q - 8) s + o in `dtype`, its columns in `k_order`. Past K: zeros (no scale is read there)."""
+    """One step of K of W's rows as (q - 8) s + o in `dtype`, its columns in `k_order`, from
+    what `int4_blocks.blocks_operands` read: the words [N, BLOCK_K / 32, 4] and each block's
+    scale and offset [N, BLOCK_K / 32]."""
     BLOCKS: tl.constexpr = BLOCK_K // BLOCK
-    blocks = k0 // BLOCK + tl.arange(0, BLOCKS)
-    # Rows past N read row 0 (their sums are never stored): no predicate per loaded element.
-    w_rows = tl.where(in_range, w_rows, 0)
-    at = (
-        w_rows[:, None] * stride_group_row
-        + block_groups(blocks, INT4_GROUP)[None, :] * stride_group
-    )
-    units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
-    if EVEN_K:
-        s = tl.load(group_scale_ptr + at)
-        o = tl.load(group_offset_ptr + at)
-        mask = None
-    else:
-        group_mask = (blocks < depth // BLOCK)[None, :]
-        s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
-        o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
-        mask = (units < depth // 8)[None, :, :]
     if ASM == 1:
-        tile = _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N, BLOCKS)
+        tile = _pairs_by_ptx(words, s, o, BLOCK_N, BLOCKS)
     else:
-        at = w_rows[:, None, None] * stride_w + units[None, :, :]
-        words = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
         tile = _pairs_by_triton(words, s.to(tl.float32), o.to(tl.float32), BLOCK_N, BLOCKS)
         tile = tile.to(dtype)
     # [N, groups, c, u, h, t0, t1] to the columns' order, k_order's
@@ -120,14 +101,10 @@ def dequantized_tile(
 
 
 @triton.jit
-def _pairs_by_ptx(w_ptr, s, o, w_rows, k0, mask, stride_w, BLOCK_N: tl.constexpr,
-                  BLOCKS: tl.constexpr):  # fmt: skip
-    """bf16 pairs in `in_pair_order`'s shape. Each word is loaded as two int16, so that one asm
+def _pairs_by_ptx(packed, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
+    """bf16 pairs in `in_pair_order`'s shape. Each word is split into two int16, so that one asm
     instance takes the word's two halves and gives two bf16 a register: the halves are
-    neighbours in the loaded tensor and the pair's values in the tile (the module's note)."""
-    units = (k0 // BLOCK + tl.arange(0, BLOCKS))[:, None] * 4 + tl.arange(0, 4)[None, :]
-    at = w_rows[:, None, None] * stride_w + units[None, :, :]
-    packed = tl.load(w_ptr + at) if mask is None else tl.load(w_ptr + at, mask=mask, other=0)
+    neighbours in the joined tensor and the pair's values in the tile (the module's note)."""
     # Each word's two halves, joined: a new last axis, so always neighbours in a thread's registers
     words = tl.join(packed.to(tl.int16), (packed >> 16).to(tl.int16))
     eighth_s = (s.to(tl.float32) * 0.125).to(tl.bfloat16)  # exact: a power of two

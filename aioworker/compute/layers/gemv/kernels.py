@@ -41,7 +41,7 @@ import triton.language as tl
 from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
 from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
-from aioworker.compute.layers.gemv.int4_blocks import int4_block_step
+from aioworker.compute.layers.gemv.int4_blocks import blocks_operands, int4_block_step
 from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile, k_order
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 from aioworker.compute.layers.gemv.weight_tiles import (
@@ -97,7 +97,7 @@ def _small_rows_kernel(
     INT4_BLOCKS: tl.constexpr,
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-    LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr,
+    LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr, AHEAD: tl.constexpr,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -119,7 +119,9 @@ def _small_rows_kernel(
     program's W rows (LINE_UNITS stored units a line) fetched into L2 while it waits on the
     kernel before. FMA_STAGES (Tiles.pipelined): the K loop's loads issued this many steps
     ahead, through shared memory; None leaves the loop to Triton, which pipelines only loads
-    that feed a dot."""
+    that feed a dot. AHEAD (INT4_BLOCKS, Tiles.ahead): each step reads the next step's words,
+    scales and offsets into registers before it multiplies its own, which were read during the
+    step before (the last step reads its own again, from cache: no branch, no predicate)."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -142,30 +144,23 @@ def _small_rows_kernel(
     if A8:  # e4m3 tiles as stored
         tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
-    for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
-        if INT4_BLOCKS and not DOT:
-            gate_acc, up_acc = _int4_block_steps(
-                gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels,
-                in_range, num_channels, first + start, stride_w, stride_group_row, stride_group,
-                depth, GATED, INT4_BLOCKS, EVEN_K, INT4_GROUP, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-        elif ROW_GROUPS:
-            gate_acc, up_acc, squares_sum = _int4_row_steps(
-                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
-                num_channels, first + start, stride_w,
-                stride_group_row, stride_group, depth, GATED, BITS, EVEN_K, INT4_GROUP,
-                INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
-            )  # fmt: skip
-        else:
-            gate_acc, up_acc, squares_sum = _stored_step(
-                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
-                rows, num_rows, num_channels, first + start, stride_x,
-                stride_w, stride_group_row, stride_group, depth, tile_dtype, GATED, DOT, IEEE,
-                A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL,
-                WIDE_X, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
+    if INT4_BLOCKS:
+        gate_acc, up_acc, squares_sum = _int4_blocks_loop(
+            gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+            residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
+            num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
+            stride_group, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, INT4_GROUP, NORMED,
+            HAS_RESIDUAL, INT4_BLOCKS, AHEAD, BLOCK_N, BLOCK_K, FMA_STAGES,
+        )  # fmt: skip
+    else:
+        gate_acc, up_acc, squares_sum = _stored_loop(
+            gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+            residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
+            num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
+            stride_group, depth, tile_dtype, GATED, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP,
+            INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, ROW_GROUPS, WIDE_X, WORDS,
+            BLOCK_N, BLOCK_K, FMA_STAGES,
+        )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
     if SPLIT:
@@ -192,6 +187,40 @@ def _small_rows_kernel(
 
 
 @triton.jit
+def _stored_loop(
+    gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
+    num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
+    stride_group, depth, tile_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+    A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
+    INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, ROW_GROUPS: tl.constexpr, WIDE_X: tl.constexpr,
+    WORDS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr,
+):  # fmt: skip
+    """The K loop on every layout but int4's blocks: int4 values one row at a time
+    (ROW_GROUPS, int4_row.py), or a stored tile a step (`_stored_step`)."""
+    for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
+        k0 = first + start
+        if ROW_GROUPS:
+            gate_acc, up_acc, squares_sum = _int4_row_steps(
+                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
+                num_channels, k0, stride_w, stride_group_row, stride_group, depth, GATED, BITS,
+                EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, BLOCK_K,
+            )  # fmt: skip
+        else:
+            gate_acc, up_acc, squares_sum = _stored_step(
+                gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range,
+                rows, num_rows, num_channels, k0, stride_x, stride_w, stride_group_row,
+                stride_group, depth, tile_dtype, GATED, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP,
+                INT4_PER_UNIT, INT4_LOW_FIRST, NORMED, HAS_RESIDUAL, WIDE_X, WORDS, BLOCK_N,
+                BLOCK_K,
+            )  # fmt: skip
+    return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
 def _prefetch_rows(w_ptr, w_rows, in_range, first_unit, stride_w, LINES: tl.constexpr,
                    LINE_UNITS: tl.constexpr):  # fmt: skip
     """The first LINES lines of W's rows `w_rows` from stored unit `first_unit` into L2 (rows
@@ -210,11 +239,40 @@ def _stored_step(
     BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr, WORDS: tl.constexpr,
-    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
-    GATED), accumulated. INT4_BLOCKS (dot tiles): the tile's columns, and so x's, in the order
-    int4_blocks_dot.py dequantizes them."""
+    GATED), accumulated."""
+    x, x_scale, squares_sum = _x_step(
+        squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
+        num_rows, k0, stride_x, depth, A8, EVEN_K, NORMED, HAS_RESIDUAL, WIDE_X, 0, BLOCK_N,
+        BLOCK_K,
+    )  # fmt: skip
+    gate_acc = _rows_step(
+        gate_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
+        stride_w, stride_group_row, stride_group, depth, tile_dtype, DOT, IEEE, A8, BITS,
+        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    if GATED:
+        up_acc = _rows_step(
+            up_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr,
+            channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
+            depth, tile_dtype, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
+            INT4_LOW_FIRST, WORDS, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _x_step(
+    squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
+    num_rows, k0, stride_x, depth, A8: tl.constexpr, EVEN_K: tl.constexpr,
+    NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr,
+    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """x's rows over one step of K from k0 (normed: add_norm.py, its squares added to
+    squares_sum), A8: as e4m3 with their scales. INT4_BLOCKS (dot tiles): the columns in the
+    order int4_blocks_dot.py dequantizes W's."""
     if INT4_BLOCKS:  # noqa: SIM108 - a constexpr branch: one of the two is compiled
         ks = k0 + k_order(BLOCK_K)
     else:
@@ -235,19 +293,7 @@ def _stored_step(
     x_scale = squares_sum  # unused unless A8
     if A8:
         x, x_scale = _e4m3_rows(x)
-    gate_acc = _rows_step(
-        gate_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
-        stride_w, stride_group_row, stride_group, depth, tile_dtype, DOT, IEEE, A8, BITS,
-        EVEN_K, INT4_GROUP, INT4_PER_UNIT, INT4_LOW_FIRST, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
-    if GATED:
-        up_acc = _rows_step(
-            up_acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr,
-            channels + num_channels, in_range, k0, stride_w, stride_group_row, stride_group,
-            depth, tile_dtype, DOT, IEEE, A8, BITS, EVEN_K, INT4_GROUP, INT4_PER_UNIT,
-            INT4_LOW_FIRST, WORDS, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-    return gate_acc, up_acc, squares_sum
+    return x, x_scale, squares_sum
 
 
 @triton.jit
@@ -256,20 +302,12 @@ def _rows_step(
     stride_group_row, stride_group, depth, tile_dtype, DOT: tl.constexpr, IEEE: tl.constexpr,
     A8: tl.constexpr, BITS: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr,
     INT4_PER_UNIT: tl.constexpr, INT4_LOW_FIRST: tl.constexpr, WORDS: tl.constexpr,
-    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """acc plus x times W's rows `w_rows` over one step of K: the tile widened then multiplied,
     or for int4 on tensor cores with BITS, q - 8 multiplied as is and the step's group scale and
-    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling. With
-    INT4_BLOCKS, int4's blocks layout dequantized a pair at a time (int4_blocks_dot.py)."""
-    if INT4_BLOCKS:
-        w = dequantized_tile(
-            w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
-            stride_group_row, stride_group, depth, tile_dtype, INT4_BLOCKS, EVEN_K, INT4_GROUP,
-            BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
-    elif DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
+    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling."""
+    if DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
         w = int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N,
                             BLOCK_K)  # fmt: skip
         acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
@@ -292,26 +330,114 @@ def _rows_step(
 
 
 @triton.jit
-def _int4_block_steps(
-    gate_acc, up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range,
-    num_channels, k0, stride_w, stride_group_row, stride_group, depth, GATED: tl.constexpr,
-    ASM: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _int4_blocks_loop(
+    gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
+    num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
+    stride_group, depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr,
+    IEEE: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, NORMED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, INT4_BLOCKS: tl.constexpr, AHEAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr,
 ):  # fmt: skip
-    """One step of K of one row times int4 values in the blocks layout (int4_blocks.py): the
-    gate rows', and the up rows' when GATED (their x loads again, from L1)."""
-    gate_acc = int4_block_step(
-        gate_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0,
-        stride_w, stride_group_row, stride_group, depth, ASM, EVEN_K, INT4_GROUP, BLOCK_N,
-        BLOCK_K,
-    )  # fmt: skip
-    if GATED:
-        up_acc = int4_block_step(
-            up_acc, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels,
-            in_range, k0, stride_w, stride_group_row, stride_group, depth, ASM, EVEN_K,
-            INT4_GROUP, BLOCK_N, BLOCK_K,
+    """The K loop on int4's blocks layout (int4_blocks.py, int4_blocks_dot.py). AHEAD: each step
+    reads the next step's operands before it multiplies its own, which were read during the step
+    before; the last step is peeled off the loop, so that no step reads past its slice and the
+    addresses stay a step apart (no clamp, no predicate)."""
+    if AHEAD:
+        gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
+            w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, first,
+            stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K, INT4_GROUP, BLOCK_K,
         )  # fmt: skip
-    return gate_acc, up_acc
+        for start in tl.range(0, k_per_split - BLOCK_K, BLOCK_K):
+            next_gate_w, next_gate_s, next_gate_o, next_up_w, next_up_s, next_up_o = (
+                _blocks_operands(
+                    w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
+                    first + start + BLOCK_K, stride_w, stride_group_row, stride_group, depth, GATED,
+                    EVEN_K, INT4_GROUP, BLOCK_K,
+                )
+            )  # fmt: skip
+            gate_acc, up_acc, squares_sum = _int4_blocks_step(
+                gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
+                first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
+                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            gate_w, gate_s, gate_o = next_gate_w, next_gate_s, next_gate_o
+            up_w, up_s, up_o = next_up_w, next_up_s, next_up_o
+        gate_acc, up_acc, squares_sum = _int4_blocks_step(
+            gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
+            residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
+            first + k_per_split - BLOCK_K, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
+            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    else:
+        for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
+            gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
+                w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
+                first + start, stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K,
+                INT4_GROUP, BLOCK_K,
+            )  # fmt: skip
+            gate_acc, up_acc, squares_sum = _int4_blocks_step(
+                gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
+                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
+                first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, NORMED,
+                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+    return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _int4_blocks_step(
+    gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
+    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows, k0, stride_x,
+    depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One step of K from k0 on operands `_blocks_operands` read: x's rows (normed on tensor
+    cores) times the gate rows' dequantized tile, and the up rows' when GATED; on FMA tiles one
+    row, its x loaded again for the up rows, from L1."""
+    if DOT:
+        x, x_scale, squares_sum = _x_step(
+            squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
+            num_rows, k0, stride_x, depth, False, EVEN_K, NORMED, HAS_RESIDUAL, False,
+            INT4_BLOCKS, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        w = dequantized_tile(gate_w, gate_s, gate_o, compute_dtype, INT4_BLOCKS, BLOCK_N,
+                             BLOCK_K)  # fmt: skip
+        gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, False)
+        if GATED:
+            w = dequantized_tile(up_w, up_s, up_o, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
+            up_acc = _accumulate(up_acc, x, x_scale, w, DOT, IEEE, False)
+    else:
+        gate_acc = int4_block_step(gate_acc, x_ptr, gate_w, gate_s, gate_o, k0, depth,
+                                   INT4_BLOCKS, EVEN_K, BLOCK_K)  # fmt: skip
+        if GATED:
+            up_acc = int4_block_step(up_acc, x_ptr, up_w, up_s, up_o, k0, depth, INT4_BLOCKS,
+                                     EVEN_K, BLOCK_K)  # fmt: skip
+    return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _blocks_operands(
+    w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, k0, stride_w,
+    stride_group_row, stride_group, depth, GATED: tl.constexpr, EVEN_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """What one step of K reads of int4's blocks layout (int4_blocks.blocks_operands): the gate
+    rows' words, scales and offsets, then the up rows' when GATED (else the gate rows' again,
+    unused)."""
+    gate_w, gate_s, gate_o = blocks_operands(
+        w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
+        stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
+    )  # fmt: skip
+    up_w, up_s, up_o = gate_w, gate_s, gate_o
+    if GATED:
+        up_w, up_s, up_o = blocks_operands(
+            w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range, k0,
+            stride_w, stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
+        )  # fmt: skip
+    return gate_w, gate_s, gate_o, up_w, up_s, up_o
 
 
 @triton.jit

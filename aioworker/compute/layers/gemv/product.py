@@ -120,7 +120,8 @@ def small_rows_product(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=bool(options),
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
         LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
-        FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None, **options,
+        FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
+        AHEAD=tiles.ahead, **options,
     )  # fmt: skip
     if splits > 1 and not fold:
         reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
@@ -183,6 +184,8 @@ def _check_operands(x, weight, tiles: Tiles, gated: bool, bias, int4_groups, add
         raise ValueError(f"takes 1 to {MAX_ROWS} contiguous rows of {weight.shape[1]}: {x.shape}")
     if not tiles.dot and num_rows != 1:
         raise ValueError("the FMA tiles multiply one row only")
+    if tiles.ahead and not (tiles.blocks and int4_groups):
+        raise ValueError("ahead tiles read int4's blocks layout: set blocks with int4 weights")
     if tiles.a8 and (weight.dtype != torch.float8_e4m3fn or not tiles.dot):
         raise ValueError(f"a8 tiles multiply e4m3 weights on tensor cores, not {weight.dtype}")
     if gated and bias is not None:

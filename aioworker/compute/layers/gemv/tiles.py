@@ -28,7 +28,11 @@ class Tiles:
     `pipelined` (FMA tiles): the K loop's loads issued `num_stages - 1` steps ahead, copied
     to shared memory asynchronously. Triton pipelines only loads that feed a dot, so an FMA
     tile's step otherwise waits for its own loads in full, whatever `num_stages` says; at one
-    row, a few such tiles per SM keep too few bytes in flight to cover the memory's latency."""
+    row, a few such tiles per SM keep too few bytes in flight to cover the memory's latency.
+    `ahead` (int4's blocks, either kind of tile): each step reads the next step's words and
+    scales into registers before it multiplies its own, so that a step's reads overlap the step
+    before's widening and multiplying without passing through shared memory (which costs the
+    blocks tiles their place under ~3.9 instructions a weight, and their registers)."""
 
     dot: bool = True
     block_n: int = 64
@@ -44,3 +48,4 @@ class Tiles:
     words: bool = False
     blocks: bool = False
     pipelined: bool = False
+    ahead: bool = False

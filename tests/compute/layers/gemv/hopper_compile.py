@@ -82,7 +82,7 @@ def product_variant(
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
-        "FMA_STAGES": None,
+        "FMA_STAGES": None, "AHEAD": False,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -133,6 +133,12 @@ def main() -> None:
         ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
         assert "cp.async" in ptx, "a pipelined FMA tile copies its loads ahead"
         print(f"compiled {fmt} dot=False pipelined")
+    for dot, gated in itertools.product((True, False), (True, False)):  # int4's blocks read a
+        # step ahead (Tiles.ahead): gated and uneven with split K, plain and even
+        variant = product_variant("int4-blocks", gated, dot, gated, not gated, "", aligned=True,
+                                  AHEAD=True, **({"BLOCK_K": 256} if dot else {}))  # fmt: skip
+        triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1})
+        print(f"compiled int4-blocks dot={dot} gated={gated} ahead")
     for dot in (True, False):  # int4's blocks for float32 rows: Triton's operations, not PTX
         variant = product_variant("int4-blocks", True, dot, True, False, "", x="*fp32",
                                   INT4_BLOCKS=2, IEEE=True)  # fmt: skip

@@ -33,3 +33,14 @@ def test_neighbours_toggle_the_pipeline_and_its_depth_on_fma_tiles_only() -> Non
 
 def test_a_one_row_refine_tries_pipelined_fma_tiles() -> None:
     assert any(t.pipelined and not t.dot for t in refined(4096, 14336, False, "wint4", 1, 132))
+
+
+def test_int4_blocks_tilings_are_timed_also_reading_a_step_ahead() -> None:
+    for dot in (False, True):
+        blocks = [t for t in candidates(4096, 14336, False, dot, 132, "wint4") if t.blocks]
+        assert any(t.ahead for t in blocks) and any(not t.ahead for t in blocks)
+        assert not any(t.ahead for t in candidates(4096, 14336, False, dot, 132, "wint8"))
+    base = Tiles(True, 128, 256, 4, num_stages=1, blocks=True)
+    assert dataclasses.replace(base, ahead=True) in neighbours(base, "wint4")
+    assert not any(t.ahead for t in neighbours(Tiles(False, 16, 512, 2), "wint4"))
+    assert any(t.ahead and t.dot for t in refined(4096, 14336, False, "wint4", 8, 132))

@@ -184,7 +184,10 @@ def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
                             (1, Tiles(False, 128, 256, 4, 4, blocks=True)),
                             (1, Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)),
                             (1, Tiles(False, 16, 512, 2, 4, blocks=True, pipelined=True)),
+                            (1, Tiles(False, 64, 256, 4, 2, blocks=True, ahead=True)),
                             (1, Tiles(True, 128, 256, 1, 4, num_stages=1, blocks=True)),
+                            (3, Tiles(True, 64, 256, 2, 4, num_stages=1, blocks=True,
+                                      ahead=True)),
                             (3, Tiles(True, 64, 128, 4, 4, blocks=True, fold=True)),
                             (8, Tiles(True, 128, 256, 2, 4, num_stages=1, blocks=True))):  # fmt: skip
             if depth // tiles.splits < tiles.block_k:

@@ -40,6 +40,8 @@ BLOCKS_TILES = [
     Tiles(dot=False, blocks=True, block_n=8, block_k=128, splits=3),  # a slice past K's end
     Tiles(dot=False, blocks=True, block_n=16, block_k=32, splits=2, fold=True),
     Tiles(dot=False, blocks=True, block_n=8, block_k=32, num_stages=3, pipelined=True),
+    # each step's words read during the step before; the last split passes K's end
+    Tiles(dot=False, blocks=True, block_n=8, block_k=32, splits=3, ahead=True),
 ]
 
 
@@ -144,6 +146,8 @@ DOT_BLOCKS_TILES = [
     Tiles(blocks=True, block_n=16, block_k=256),  # groups of four blocks (k_order), and two
     Tiles(blocks=True, block_n=32, block_k=64, splits=3),  # a slice past K's end
     Tiles(blocks=True, block_n=16, block_k=32, splits=2, fold=True),
+    Tiles(blocks=True, block_n=16, block_k=32, splits=3, ahead=True, num_stages=1),
+    Tiles(blocks=True, block_n=16, block_k=64, splits=4, ahead=True),  # one step a slice
 ]
 
 
@@ -173,14 +177,16 @@ def test_tensor_core_tiles_take_the_residual_add_and_norm() -> None:
     blocks = pack_int4_blocks(unpack_nibbles(packed))
     on_device = [t.to(DEVICE) for t in (x, residual, norm_weight, blocks, scales, offsets)]
     add_norm = AddNorm(*on_device[1:3], 1e-5, torch.empty_like(on_device[0]))
-    tiles = Tiles(blocks=True, block_n=16, block_k=64, splits=2)
-    got = small_rows_product(on_device[0], on_device[3], tiles, int4_groups=tuple(on_device[4:]),
-                             add_norm=add_norm)  # fmt: skip
     h = x + residual
     normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
     want = reference(normed, dequantize_int4_rows(packed, scales, offsets))
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(add_norm.residual_out.cpu(), h)
+    for ahead in (False, True):  # ahead: the words read a step early, x in its own step
+        tiles = Tiles(blocks=True, block_n=16, block_k=64, splits=2, ahead=ahead)
+        add_norm.residual_out.zero_()
+        got = small_rows_product(on_device[0], on_device[3], tiles,
+                                 int4_groups=tuple(on_device[4:]), add_norm=add_norm)  # fmt: skip
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(add_norm.residual_out.cpu(), h)
 
 
 def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
@@ -212,6 +218,8 @@ def test_refuses_what_the_blocks_tiles_cannot_take() -> None:
     with pytest.raises(ValueError, match="norm it first"):
         add_norm = AddNorm(None, torch.ones(128), 1e-5, None)
         small_rows_product(x, blocks, tiles, int4_groups=groups, add_norm=add_norm)
+    with pytest.raises(ValueError, match="ahead tiles read int4's blocks layout"):
+        small_rows_product(x, packed, Tiles(dot=False, block_k=64, ahead=True), int4_groups=groups)
 
 
 @pytest.fixture
