@@ -47,8 +47,10 @@ from aioworker.compute.layers.gemv import method as small_rows  # noqa: E402
 from aioworker.compute.layers.gemv.choice import (  # noqa: E402
     TABLE_PATH,
     format_of,
+    gpu_table_path,
     rule_tiles,
     table_key,
+    table_path,
 )
 from aioworker.compute.layers.linear_method import UNQUANTIZED  # noqa: E402
 from aioworker.compute.layers.ops import silu_and_mul  # noqa: E402
@@ -234,7 +236,9 @@ def main() -> None:
     rate = copy_bytes_per_s(device)
     print(f"copy bandwidth (read + write): {rate / 1e12:.2f} TB/s", flush=True)
     # Keys this run does not reach keep their entries.
-    previous = json.loads(TABLE_PATH.read_text())["tiles"] if TABLE_PATH.exists() else {}
+    # A GPU without a table of its own starts from the default's entries.
+    read_from, write_to = table_path(), written_table_path(device_name(device))
+    previous = json.loads(read_from.read_text())["tiles"] if read_from.exists() else {}
     results, table, lines = [], {"device": device_name(device), "tiles": previous}, []
     for (model, proj), (channels, depth, gated, formats) in (
         SMOKE_SHAPES if args.smoke else SHAPES
@@ -263,13 +267,21 @@ def main() -> None:
                 print(line, flush=True)
             args.json.write_text(json.dumps({"copy_bytes_per_s": rate, "rows": results}, indent=1))
     if args.write_table:
-        TABLE_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {TABLE_PATH}")
+        write_to.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {write_to}")
     print(
         "\n| shape | format | rows | theirs, of copy bw | ours, of copy bw | theirs us | ours us | tiles |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(lines))
+
+
+def written_table_path(name: str) -> Path:
+    """The default table where it was swept on this kind of GPU (or there is none), else this
+    GPU's own (choice.gpu_table_path)."""
+    if not TABLE_PATH.exists() or json.loads(TABLE_PATH.read_text())["device"] == name:
+        return TABLE_PATH
+    return gpu_table_path(name)
 
 
 def device_name(device: str) -> str:

@@ -43,9 +43,11 @@ export PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 TABLE="${TABLE:-/tmp/tuned_tiles.json}"
 [ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
-keep_table() {  # the table a sweep wrote: back with $OUT, and in /tmp for a later call (TABLE)
-  cp aioworker/compute/layers/gemv/tuned_tiles.json "$out/" 2>/dev/null
-  cp aioworker/compute/layers/gemv/tuned_tiles.json /tmp/ 2>/dev/null
+# a table of this GPU's own (choice.gpu_table_path) that an earlier call on this machine wrote
+[ "${1:-}" != tune ] && cp /tmp/tuned_tiles.*.json aioworker/compute/layers/gemv/ 2>/dev/null
+keep_table() {  # the tables a sweep wrote: back with $OUT, and in /tmp for a later call (TABLE)
+  cp aioworker/compute/layers/gemv/tuned_tiles*.json "$out/" 2>/dev/null
+  cp aioworker/compute/layers/gemv/tuned_tiles*.json /tmp/ 2>/dev/null
 }
 w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT); further
         # arguments go to the bench (--candidate KEY=VALUE)

@@ -1,5 +1,8 @@
 """Which tiles multiply a given product: the tuned table where it names the shape (written by
-tools/gemv_tune.py on the GPU machine), else a rule. The table may also say that torch's product
+tools/gemv_tune.py on the GPU machine), else a rule. The table is the one swept on this machine's
+kind of GPU where there is one (`tuned_tiles.<gpu>.json`), else the default (`tuned_tiles.json`,
+swept on an H200): the best tiles follow the ratio of a card's issue rate to its bandwidth, which
+differs between an H100 and an H200. The table may also say that torch's product
 was the faster for a shape (an entry of null): then `tiles_for` says None, and the product is
 left to the wrapped method.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -36,11 +40,28 @@ def table_key(rows: int, channels: int, depth: int, fmt: str, gated: bool) -> st
     return f"{channels}x{depth} {fmt}{' gated' if gated else ''} {'one' if rows == 1 else 'few'}"
 
 
+def gpu_table_path(gpu_name: str) -> Path:
+    """Where a table swept on `gpu_name` (torch.cuda.get_device_name()) lives, beside the
+    default: "NVIDIA H100 80GB HBM3" -> tuned_tiles.nvidia-h100-80gb-hbm3.json."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    return TABLE_PATH.with_name(f"{TABLE_PATH.stem}.{slug}.json")
+
+
+def table_path() -> Path:
+    """This machine's table: its GPU's own where one was swept, else the default."""
+    if torch.cuda.is_available():
+        own = gpu_table_path(torch.cuda.get_device_name())
+        if own.exists():
+            return own
+    return TABLE_PATH
+
+
 @functools.cache
 def tuned_table() -> dict[str, Tiles | None]:
-    if not TABLE_PATH.exists():
+    path = table_path()
+    if not path.exists():
         return {}
-    entries = json.loads(TABLE_PATH.read_text())["tiles"]
+    entries = json.loads(path.read_text())["tiles"]
     return {key: Tiles(**fields) if fields else None for key, fields in entries.items()}
 
 

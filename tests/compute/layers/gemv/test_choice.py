@@ -68,3 +68,19 @@ def test_the_table_names_tiles_per_format_and_row_class(table) -> None:
     assert choice.tiles_for(1, dense, True) == choice.rule_tiles(4096, 4096, True, 132)
     qkv = torch.empty(6144, 4096, dtype=torch.bfloat16)
     assert choice.tiles_for(3, qkv, False).dot
+
+
+def test_a_gpu_with_a_table_of_its_own_reads_it_and_others_the_default(
+    table, monkeypatch, tmp_path
+) -> None:
+    table({"64x128 dense one": None})  # the default: torch's product
+    own = choice.gpu_table_path("NVIDIA H100 80GB HBM3")
+    assert own == tmp_path / "tuned.nvidia-h100-80gb-hbm3.json"
+    own.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "tiles": {
+        "64x128 dense one": {"dot": False, "block_n": 16, "block_k": 128}}}))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for gpu, want in (("NVIDIA H100 80GB HBM3", Tiles(dot=False, block_n=16, block_k=128)),
+                      ("NVIDIA H200", None)):  # fmt: skip
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=gpu: gpu)
+        choice.tuned_table.cache_clear()
+        assert choice.tuned_table()["64x128 dense one"] == want
