@@ -39,42 +39,16 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
-from aioworker.compute.layers.gemv.add_norm import normed_values
 from aioworker.compute.layers.gemv.finish import fold, store_output
-from aioworker.compute.layers.gemv.int4_blocks import blocks_operands, int4_block_step
-from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile, k_order
+from aioworker.compute.layers.gemv.int4_blocks_loop import int4_blocks_loop
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
+from aioworker.compute.layers.gemv.rows import accumulate, x_step
 from aioworker.compute.layers.gemv.weight_tiles import (
     int4_group_scales,
     int4_values,
     int8_pairs_tile,
     weight_tile,
 )
-
-
-@triton.jit
-def _e4m3_rows(x):
-    """x [rows, BLOCK_K] as e4m3, each row scaled so that its largest magnitude is e4m3's
-    largest (448), and the scales [rows] that undo it (all-zero rows: zeros)."""
-    x32 = x.to(tl.float32)
-    largest = tl.maximum(tl.max(tl.abs(x32), axis=1), 1e-30)
-    return (x32 * (448.0 / largest)[:, None]).to(tl.float8e4nv), largest / 448.0
-
-
-@triton.jit
-def _accumulate(acc, x, x_scale, w, DOT: tl.constexpr, IEEE: tl.constexpr, A8: tl.constexpr):
-    """DOT: acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x^T (A8: x e4m3, times its row
-    scales x_scale); FMA: acc [BLOCK_N, BLOCK_K] += w * x[0] (x has one row)."""
-    if A8:
-        acc += tl.dot(w, tl.trans(x)) * x_scale[None, :]
-    elif DOT:
-        if IEEE:
-            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)
-    else:
-        acc += w.to(tl.float32) * x.to(tl.float32)
-    return acc
 
 
 @triton.jit
@@ -145,7 +119,7 @@ def _small_rows_kernel(
         tile_dtype = w_ptr.dtype.element_ty
     first = split * k_per_split
     if INT4_BLOCKS:
-        gate_acc, up_acc, squares_sum = _int4_blocks_loop(
+        gate_acc, up_acc, squares_sum = int4_blocks_loop(
             gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
             residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
             num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
@@ -243,7 +217,7 @@ def _stored_step(
 ):  # fmt: skip
     """One step of K: x's rows (normed: add_norm.py), times W's tile (and the up rows' when
     GATED), accumulated."""
-    x, x_scale, squares_sum = _x_step(
+    x, x_scale, squares_sum = x_step(
         squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
         num_rows, k0, stride_x, depth, A8, EVEN_K, NORMED, HAS_RESIDUAL, WIDE_X, 0, BLOCK_N,
         BLOCK_K,
@@ -264,39 +238,6 @@ def _stored_step(
 
 
 @triton.jit
-def _x_step(
-    squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
-    num_rows, k0, stride_x, depth, A8: tl.constexpr, EVEN_K: tl.constexpr,
-    NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WIDE_X: tl.constexpr,
-    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """x's rows over one step of K from k0 (normed: add_norm.py, its squares added to
-    squares_sum), A8: as e4m3 with their scales. INT4_BLOCKS (dot tiles): the columns in the
-    order int4_blocks_dot.py dequantizes W's."""
-    if INT4_BLOCKS:  # noqa: SIM108 - a constexpr branch: one of the two is compiled
-        ks = k0 + k_order(BLOCK_K)
-    else:
-        ks = k0 + tl.arange(0, BLOCK_K)
-    x_mask = rows[:, None] < num_rows
-    k_mask = ks[None, :] < depth
-    if not EVEN_K:
-        x_mask = x_mask & k_mask
-    x_at = rows[:, None] * stride_x + ks[None, :]
-    if WIDE_X:  # one row, repeated over the tile's channels: loads from L1 after the first
-        x_at = tl.zeros((BLOCK_N, 1), dtype=tl.int32) + ks[None, :]
-    x, squares = normed_values(
-        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, x_at, ks[None, :], x_mask,
-        k_mask, write_sum, NORMED, HAS_RESIDUAL,
-    )  # fmt: skip
-    if NORMED:
-        squares_sum += tl.sum(squares, axis=1)
-    x_scale = squares_sum  # unused unless A8
-    if A8:
-        x, x_scale = _e4m3_rows(x)
-    return x, x_scale, squares_sum
-
-
-@triton.jit
 def _rows_step(
     acc, x, x_scale, w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w,
     stride_group_row, stride_group, depth, tile_dtype, DOT: tl.constexpr, IEEE: tl.constexpr,
@@ -310,11 +251,11 @@ def _rows_step(
     if DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
         w = int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N,
                             BLOCK_K)  # fmt: skip
-        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
+        acc = accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
     elif INT4_GROUP > 0 and DOT and BITS:
         q = int4_values(w_ptr, w_rows, in_range, k0, stride_w, depth, tile_dtype, BITS, EVEN_K,
                         INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K)  # fmt: skip
-        sums = _accumulate(tl.zeros(acc.shape, dtype=tl.float32), x, x_scale, q, DOT, IEEE, A8)
+        sums = accumulate(tl.zeros(acc.shape, dtype=tl.float32), x, x_scale, q, DOT, IEEE, A8)
         s, o = int4_group_scales(group_scale_ptr, group_offset_ptr, w_rows, in_range, k0,
                                  stride_group_row, stride_group, depth, INT4_GROUP)  # fmt: skip
         x_sums = tl.sum(x.to(tl.float32), axis=1)
@@ -325,119 +266,8 @@ def _rows_step(
             stride_group_row, stride_group, depth, tile_dtype, BITS, EVEN_K, INT4_GROUP,
             INT4_PER_UNIT, INT4_LOW_FIRST, BLOCK_N, BLOCK_K, WORDS,
         )  # fmt: skip
-        acc = _accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
+        acc = accumulate(acc, x, x_scale, w, DOT, IEEE, A8)
     return acc
-
-
-@triton.jit
-def _int4_blocks_loop(
-    gate_acc, up_acc, squares_sum, x_ptr, w_ptr, group_scale_ptr, group_offset_ptr,
-    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
-    num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
-    stride_group, depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr,
-    IEEE: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, NORMED: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, INT4_BLOCKS: tl.constexpr, AHEAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr,
-):  # fmt: skip
-    """The K loop on int4's blocks layout (int4_blocks.py, int4_blocks_dot.py). AHEAD: each step
-    reads the next step's operands before it multiplies its own, which were read during the step
-    before; the last step is peeled off the loop, so that no step reads past its slice and the
-    addresses stay a step apart (no clamp, no predicate)."""
-    if AHEAD:
-        gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
-            w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, first,
-            stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K, INT4_GROUP, BLOCK_K,
-        )  # fmt: skip
-        for start in tl.range(0, k_per_split - BLOCK_K, BLOCK_K):
-            next_gate_w, next_gate_s, next_gate_o, next_up_w, next_up_s, next_up_o = (
-                _blocks_operands(
-                    w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
-                    first + start + BLOCK_K, stride_w, stride_group_row, stride_group, depth, GATED,
-                    EVEN_K, INT4_GROUP, BLOCK_K,
-                )
-            )  # fmt: skip
-            gate_acc, up_acc, squares_sum = _int4_blocks_step(
-                gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
-                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
-                first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-            gate_w, gate_s, gate_o = next_gate_w, next_gate_s, next_gate_o
-            up_w, up_s, up_o = next_up_w, next_up_s, next_up_o
-        gate_acc, up_acc, squares_sum = _int4_blocks_step(
-            gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
-            residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
-            first + k_per_split - BLOCK_K, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-    else:
-        for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
-            gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
-                w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
-                first + start, stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K,
-                INT4_GROUP, BLOCK_K,
-            )  # fmt: skip
-            gate_acc, up_acc, squares_sum = _int4_blocks_step(
-                gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
-                residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
-                first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, NORMED,
-                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-    return gate_acc, up_acc, squares_sum
-
-
-@triton.jit
-def _int4_blocks_step(
-    gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
-    residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows, k0, stride_x,
-    depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """One step of K from k0 on operands `_blocks_operands` read: x's rows (normed on tensor
-    cores) times the gate rows' dequantized tile, and the up rows' when GATED; on FMA tiles one
-    row, its x loaded again for the up rows, from L1."""
-    if DOT:
-        x, x_scale, squares_sum = _x_step(
-            squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
-            num_rows, k0, stride_x, depth, False, EVEN_K, NORMED, HAS_RESIDUAL, False,
-            INT4_BLOCKS, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-        w = dequantized_tile(gate_w, gate_s, gate_o, compute_dtype, INT4_BLOCKS, BLOCK_N,
-                             BLOCK_K)  # fmt: skip
-        gate_acc = _accumulate(gate_acc, x, x_scale, w, DOT, IEEE, False)
-        if GATED:
-            w = dequantized_tile(up_w, up_s, up_o, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
-            up_acc = _accumulate(up_acc, x, x_scale, w, DOT, IEEE, False)
-    else:
-        gate_acc = int4_block_step(gate_acc, x_ptr, gate_w, gate_s, gate_o, k0, depth,
-                                   INT4_BLOCKS, EVEN_K, BLOCK_K)  # fmt: skip
-        if GATED:
-            up_acc = int4_block_step(up_acc, x_ptr, up_w, up_s, up_o, k0, depth, INT4_BLOCKS,
-                                     EVEN_K, BLOCK_K)  # fmt: skip
-    return gate_acc, up_acc, squares_sum
-
-
-@triton.jit
-def _blocks_operands(
-    w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, k0, stride_w,
-    stride_group_row, stride_group, depth, GATED: tl.constexpr, EVEN_K: tl.constexpr,
-    INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """What one step of K reads of int4's blocks layout (int4_blocks.blocks_operands): the gate
-    rows' words, scales and offsets, then the up rows' when GATED (else the gate rows' again,
-    unused)."""
-    gate_w, gate_s, gate_o = blocks_operands(
-        w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
-        stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
-    )  # fmt: skip
-    up_w, up_s, up_o = gate_w, gate_s, gate_o
-    if GATED:
-        up_w, up_s, up_o = blocks_operands(
-            w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range, k0,
-            stride_w, stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
-        )  # fmt: skip
-    return gate_w, gate_s, gate_o, up_w, up_s, up_o
 
 
 @triton.jit
