@@ -205,9 +205,15 @@ def copy_bytes_per_s(device: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--budget-s", type=float, default=360)
-    parser.add_argument("--write-table", action="store_true")
+    parser.add_argument(
+        "--json", type=Path, required=True,
+        help="every shape's times: theirs, and each tiling that ran (fastest first)",
+    )  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=360, help="stop timing after this")
+    parser.add_argument(
+        "--write-table", action="store_true",
+        help="write the fastest tiles into the default table, or this GPU's own (choice.py)",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="two tiny shapes on the CPU")
     parser.add_argument(
         "--refine", action="store_true", help="only the table's tiles and their neighbours"
@@ -249,7 +255,7 @@ def main() -> None:
                 entry = found[rows]
                 row = {"shape": f"{model} {proj}", "format": fmt, "rows": rows,
                        "bytes": found["bytes"], "theirs_s": entry["theirs_s"],
-                       "best": [(t, dataclasses.asdict(k)) for t, k in entry["timed"]]}  # fmt: skip
+                       "timed": [(t, dataclasses.asdict(k)) for t, k in entry["timed"]]}  # fmt: skip
                 results.append(row)
                 if not entry["timed"]:
                     continue
