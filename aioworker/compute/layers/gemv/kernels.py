@@ -14,7 +14,9 @@ time to read W once, so the kernel is built around streaming W.
   in registers, from the bytes of the on-load format or the int32 words of a compressed-tensors
   checkpoint), and a per-output-channel scale multiplies the sum, since it factors out of the
   sum over K. BITS widens by bit operations instead of conversion instructions (widening.py);
-  int4 on tensor cores then multiplies q - 8 as is and scales each group's sums.
+  int4 on tensor cores then multiplies q - 8 as is and scales each group's sums. int4's blocks
+  layout has a K loop of its own (int4_blocks_loop.py), which may read each step a step early
+  (AHEAD); x's side of a step, shared by both loops, is rows.py.
 - A8 (e4m3 weights, DOT tiles): each step's slice of every row of x is quantized to e4m3 with
   a scale of its own (its largest magnitude to e4m3's 448), and the e4m3 weights multiply it on
   fp8 tensor cores as stored: no weight element is widened, which is what bounds e4m3 with
