@@ -74,7 +74,7 @@ SHAPES = {
     ("qwen3-0.6b", "o"): (1024, 2048, False, ("none", "wint4")),
     ("qwen3-0.6b", "lm_head"): (151936, 1024, False, ("none",)),
 }
-FLAGS = ("a8", "bits", "fold", "wide_x", "prefetch", "words", "blocks", "pipelined")  # in the table
+FLAGS = ("a8", "bits", "fold", "wide_x", "prefetch", "words", "blocks", "pipelined", "ahead")
 SMOKE_SHAPES = {
     ("smoke", "gate_up"): (2 * 96, 256, True, ("none", "fp8", "wint8", "wint4")),
     ("smoke", "down"): (64, 192, False, ("none", "wint4")),
