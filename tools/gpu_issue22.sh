@@ -23,15 +23,13 @@
 #                                 wide_x; commit the table), W4 wint8
 #   tools/gpu_issue22.sh quant    the kernels' tests, a refine sweep of wint8 and wint4 with PDL
 #                                 (int4's blocks, int8's words; commit the table), W4 of both
-#   tools/gpu_issue22.sh blocks   int4's blocks tests, a refine sweep of wint4 with PDL (commit
-#                                 the table), W4 wint4
+#   tools/gpu_issue22.sh blocks   int4's blocks tests, a refine sweep of wint4 with PDL (`ahead` among
+#                                 its candidates; commit the table), W4 wint4
 #   tools/gpu_issue22.sh pipelined [FORMATS]  the stored formats' kernel tests (pipelined FMA
 #                                 tiles, int4's blocks), a refine sweep with PDL of FORMATS
 #                                 (default fp8,wint8,wint4; FMA tiles with and without their
 #                                 loads issued ahead; commit the table), W4 wint8 and wint4
 #                                 (with FORMATS given: W4 of those)
-#   tools/gpu_issue22.sh ahead    int4's blocks tests, a short refine sweep of wint4 (blocks tiles
-#                                 with and without `ahead`; commit the table), W4 wint4
 #   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
 #                                 the composed GPU tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -188,8 +186,8 @@ case "${1:-}" in
     echo "== sweep"; grep -E "WRONG|FAILED" "$out/gemv_tune.log" | head -4; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -24
     echo "== w4"; tail -9 "$out/w4_q.log"
     ;;
-  blocks)  # int4's blocks tests (both tilings, every shape), a refine sweep of wint4 with PDL,
-           # W4 wint4
+  blocks)  # int4's blocks tests (both tilings, every shape, `ahead` among them), a refine sweep
+           # of wint4 with PDL (each blocks tiling with and without `ahead`), W4 wint4
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
       -k "blocks" > "$out/gemv_tests.log" 2>&1
@@ -200,19 +198,6 @@ case "${1:-}" in
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -8
     echo "== w4"; tail -6 "$out/w4_q.log"
-    ;;
-  ahead)  # int4's blocks tests (ahead among them), a short refine sweep of wint4 with PDL (the
-          # blocks tiles with and without `ahead`; commit the table), W4 wint4
-    timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "blocks" > "$out/gemv_tests.log" 2>&1
-    timeout 200 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 160 \
-      --write-table --refine --pdl --formats wint4 > "$out/gemv_tune.log" 2>&1
-    keep_table
-    w4 wint4 100 a
-    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
-    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
-    echo "== w4"; tail -6 "$out/w4_a.log"
     ;;
   pipelined)  # the stored formats' kernel tests, a refine sweep of fp8, wint8 and wint4 with
               # PDL (pipelined FMA tiles among the neighbours), W4 wint8 and wint4
