@@ -143,8 +143,9 @@ def block_groups(blocks, INT4_GROUP: tl.constexpr):
 
 @triton.jit
 def _x_at(x_ptr, ks, depth, EVEN_K: tl.constexpr):
-    """x's bf16 values at `ks` (those at `depth` or past it: zeros) as float32, by a shift (a conversion instruction would not be
-    shared between the tile's rows: those loading the same x reuse one load and one shift)."""
+    """x's bf16 values at `ks` (those at `depth` or past it: zeros) as float32, by a shift (a
+    conversion instruction would not be shared between the tile's rows: those loading the same
+    x reuse one load and one shift)."""
     if EVEN_K:  # noqa: SIM108 - a constexpr branch: the masked load is not compiled
         x = tl.load(x_ptr + ks)
     else:
