@@ -30,8 +30,10 @@
 #                                 (default fp8,wint8,wint4; FMA tiles with and without their
 #                                 loads issued ahead; commit the table), W4 wint8 and wint4
 #                                 (with FORMATS given: W4 of those)
-#   tools/gpu_issue22.sh finish   W4 wint8 and wint4 off against on, W1, the every-shape and
-#                                 the composed GPU tests
+#   tools/gpu_issue22.sh sweep [FORMATS]  the stored formats' kernel tests, then a refine sweep
+#                                 with PDL of FORMATS (default all four; commit the table), no W4
+#   tools/gpu_issue22.sh finish [FORMATS]  W4 of FORMATS (default wint8,wint4; W4_S: its time
+#                                 limit) off against on, W1, the every-shape and composed tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -213,8 +215,22 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -30
     echo "== w4"; tail -6 "$out/w4_p.log"
     ;;
-  finish)  # W4 wint8 and wint4 off against on, W1, the every-shape test, the composed tests
-    w4 wint8,wint4 120 b
+  sweep)  # the stored formats' kernel tests (int4's blocks with `ahead` at every shape), then a
+          # refine sweep with PDL of FORMATS (default all four; every neighbour toggles `ahead`
+          # and `pipelined`; commit the table), and no W4: `finish` measures it
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
+      > "$out/gemv_tests.log" 2>&1
+    timeout 400 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 340 \
+      --write-table --refine --pdl --formats "${2:-none,fp8,wint8,wint4}" > "$out/gemv_tune.log" 2>&1
+    keep_table
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
+    ;;
+  finish)  # W4 of FORMATS (default wint8,wint4) off against on, W1, the every-shape test, the
+           # composed tests (what time is left of the call)
+    w4 "${2:-wint8,wint4}" "${W4_S:-120}" b
     timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md > "$out/w1.log" 2>&1
     cp docs/benchmarks.md "$out/"
@@ -222,7 +238,7 @@ case "${1:-}" in
     composed 90
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
     echo "== w1"; tail -8 "$out/w1.log"
-    echo "== w4"; tail -9 "$out/w4_b.log"
+    echo "== w4"; tail -13 "$out/w4_b.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
@@ -234,6 +250,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish" >&2; exit 2 ;;
 esac
 exit 0
