@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument(
         "--ahead", action="store_true", help="int4-blocks: each step reads the next one's words"
     )
+    parser.add_argument(
+        "--group", type=int, default=32, help="int4: K values a scale covers (checkpoints: 128)"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -99,7 +102,7 @@ def main() -> None:
         BLOCK_K=block_k, BLOCK_M=rows, ACC_COLUMNS=rows if dot else block_k // 32 if int4 else block_k,
         BITS=args.bits, A8=args.a8, WIDE_X=args.wide_x and not dot, PDL=False, PREFETCH_LINES=0,
         WORDS=int(args.words and args.format == "int8"),
-        INT4_GROUP=32 if int4 else 0, HAS_BIAS=False,
+        INT4_GROUP=args.group if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
         FMA_STAGES=args.stages if args.pipelined and not dot else None,
         AHEAD=args.ahead and args.format == "int4-blocks",

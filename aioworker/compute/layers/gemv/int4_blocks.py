@@ -23,11 +23,12 @@ k = 32 b + 4 i + u in word u, at bits 4i+3 .. 4i+6 (each word rotated left by 3)
   all of it.
 
 A block's sum is then scaled as int4_row.py's groups are: w = (q - 8) s + o gives
-s * sum (q - 8) x + o * sum x. The compiled loop spends ~3.5 instructions a weight with eight
-rows a thread sharing x under Triton 3.9, ~4.9 under the GPU machine's 3.6 (tools/sass_mix.py
-int4-blocks fma 64x256 --warps 2), where the tensor-core variant (int4_blocks_dot.py) spends
-~3.2 at any row count; the sweep chooses. Triton's interpreter runs no PTX: there (ASM = 2) the
-same values come from Triton's operations.
+s * sum (q - 8) x + o * sum x. The compiled loop spends ~3.4 instructions a weight with eight
+rows a thread sharing x, under the GPU machine's Triton 3.6 and 3.9 alike (tools/sass_mix.py
+int4-blocks fma 64x256 --warps 2: 3.39 and 3.33; 4.50 under 3.6 while the words were loaded as
+[rows, blocks, 4], where it gave a thread one row and every block), and the tensor-core variant
+(int4_blocks_dot.py) ~3.5 at any row count; the sweep chooses. Triton's interpreter runs no
+PTX: there (ASM = 2) the same values come from Triton's operations.
 """
 
 from __future__ import annotations
@@ -81,18 +82,21 @@ def blocks_operands(
         w_rows[:, None] * stride_group_row
         + block_groups(blocks, INT4_GROUP)[None, :] * stride_group
     )
-    units = blocks[:, None] * 4 + tl.arange(0, 4)[None, :]  # [BLOCKS, 4]
-    words_at = w_rows[:, None, None] * stride_w + units[None, :, :]
+    # The step's words of a row, contiguous: loaded as [rows, words] so that the compiler sees
+    # them contiguous and gives a thread a block of several rows, whose x it then shares (as a
+    # [rows, blocks, 4] pointer tensor, Triton 3.6 gave each thread one row and every block)
+    units = (k0 // BLOCK) * 4 + tl.arange(0, BLOCK_K // 8)  # a block's 4 words: 16 bytes aligned
+    words_at = w_rows[:, None] * stride_w + units[None, :]
     if EVEN_K:
         words = tl.load(w_ptr + words_at)
         s = tl.load(group_scale_ptr + at)
         o = tl.load(group_offset_ptr + at)
     else:  # a split may pass K
         group_mask = (blocks < depth // BLOCK)[None, :]
-        words = tl.load(w_ptr + words_at, mask=(units < depth // 8)[None, :, :], other=0)
+        words = tl.load(w_ptr + words_at, mask=(units < depth // 8)[None, :], other=0)
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
-    return words, s, o
+    return tl.reshape(words, (w_rows.shape[0], BLOCKS, 4)), s, o
 
 
 @triton.jit
@@ -106,15 +110,15 @@ def int4_block_step(
     bits (2)."""
     BLOCKS: tl.constexpr = BLOCK_K // BLOCK
     values = _words_as_float32(words, ASM)
-    # x for value i of every word: x[32 b + 4 i + u], [1, blocks, 4], broadcast over the rows
-    # (loaded in the words' full shape, Triton 3.6 loads and widens it once per row a thread
-    # holds: 5.7 instructions a weight against 4.9; 3.9 shares them either way, 3.4-3.5)
+    # x for value i of every word: x[32 b + 4 i + u], [blocks, 4], loaded and widened once for
+    # the rows a thread holds, then broadcast over them (loaded in the words' full shape,
+    # Triton 3.6 loads and widens it once per row a thread holds)
     # offsets from the step's first x, known to the compiler: immediates of one address
-    first_ks = (tl.arange(0, BLOCKS)[:, None] * BLOCK + tl.arange(0, 4)[None, :])[None]
+    first_ks = tl.arange(0, BLOCKS)[:, None] * BLOCK + tl.arange(0, 4)[None, :]
     x_step = x_ptr + k0
     for t in tl.static_range(4):  # unrolled: the sums begin at t = 0
-        x_a = _x_at(x_step, first_ks + 4 * ((3 + 2 * t) % 8), depth - k0, EVEN_K)
-        x_b = _x_at(x_step, first_ks + 4 * ((4 + 2 * t) % 8), depth - k0, EVEN_K)
+        x_a = _x_at(x_step, first_ks + 4 * ((3 + 2 * t) % 8), depth - k0, EVEN_K)[None]
+        x_b = _x_at(x_step, first_ks + 4 * ((4 + 2 * t) % 8), depth - k0, EVEN_K)[None]
         if t == 0:  # no adds to zero: they are not free, and not dropped (-0.0)
             sums = values[0] * x_a
             x_sum_a, x_sum_b = x_a, x_b
