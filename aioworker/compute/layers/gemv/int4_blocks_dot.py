@@ -11,22 +11,23 @@ four bf16 pairs, each (value t, value t + 4), t = 0..3, by PTX (`_PAIRS_AS_BF16`
 - minus 192, times s / 8 (exact: a power of two) plus o, both packed: (q - 8) s + o, rounded to
   bf16 once, where the format's own dequantization to bf16 rounds twice.
 
-That is 15 instructions a word, ~1.9 a weight. The tile then goes through shared memory to the
-tensor cores, and the loop spends ~3.5 a weight in all with one pipeline stage (tools/sass_mix.py
-int4-blocks dot 128x256 --stages 1, with Triton 3.6 and 3.9): under the ~3.9 an SM can issue at
-the copy rate of 0.5-byte weights, for every row count.
+That is 15 instructions a word, ~1.9 a weight. The loop spends ~2.9 a weight in all with one
+pipeline stage (tools/sass_mix.py int4-blocks dot 128x256 --stages 1, Triton 3.6): under the
+~3.9 an SM can issue at the copy rate of 0.5-byte weights, for every row count.
 
 Each word is loaded whole and split into its two int16 halves by `tl.join`, whose new axis is
 always a thread's two neighbouring registers: one asm instance (pack=2) takes two neighbours, so
 this is what makes it take one word's two halves and give one pair's two values. The tile's
-columns are in the order the pairs come out, not K's (`k_order`): the step's blocks in groups of
-four, a pair's two values neighbouring columns, and a thread's columns in the tensor cores'
+columns are in the order the pairs come out, not K's (`in_k_order`): the step's blocks in groups
+of four, a pair's two values neighbouring columns, and a thread's columns in the tensor cores'
 layout (pairs c and c + 4 of each 16) one block's. The first version loaded int16 halves and put
 the word last in the columns: the compiler gave the asm the tensor cores' layout, whose
 neighbouring registers held neighbouring words, so it paired halves of two words. Triton's
 interpreter, which runs no PTX, could not see it; on the H200 it was 70-90% wrong. A product sums
-over K, so x's slice is loaded in the columns' order and nothing is moved. Rows of another dtype
-than bf16, and the interpreter (ASM = 2), get the same tile from Triton's operations, in float32.
+over K, so x's slice, loaded in K's order, is put in the columns' order (x is 1 to 16 rows, W up
+to 128): loaded in the columns' order, a value at a time, x cost 0.6 instructions a weight more.
+Rows of another dtype than bf16, and the interpreter (ASM = 2), get the same tile from Triton's
+operations, in float32.
 """
 
 from __future__ import annotations
@@ -67,19 +68,16 @@ _PAIRS_AS_BF16 = tl.constexpr("""{
 
 
 @triton.jit
-def k_order(BLOCK_K: tl.constexpr):
-    """[BLOCK_K]: the K offset (within a step) of each column of `dequantized_tile`: the step's
-    blocks in groups of G, column (((g 4 + u) 2 + t1) 2 + t0) G + c) 2 + h holding block g G + c's
-    value t + 4 h (t = 2 t1 + t0) of word u."""
+def in_k_order(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [rows, BLOCK_K], loaded in K's order (vector loads), its columns put in the order
+    `dequantized_tile` gives W's: the step's blocks in groups of G, column
+    (((g 4 + u) 2 + t1) 2 + t0) G + c) 2 + h holding block g G + c's value t + 4 h
+    (t = 2 t1 + t0) of word u. (Loaded in that order, x took a scalar load and an address a
+    value: no two neighbouring columns are neighbours in K.)"""
     G: tl.constexpr = min(GROUP, BLOCK_K // BLOCK)
     S: tl.constexpr = BLOCK_K // BLOCK // G
-    groups = tl.arange(0, S)[:, None, None, None, None, None] * (G * BLOCK)
-    units = tl.arange(0, 4)[None, :, None, None, None, None]
-    t1 = 8 * tl.arange(0, 2)[None, None, :, None, None, None]
-    t0 = 4 * tl.arange(0, 2)[None, None, None, :, None, None]
-    blocks = BLOCK * tl.arange(0, G)[None, None, None, None, :, None]
-    halves = 16 * tl.arange(0, 2)[None, None, None, None, None, :]
-    return tl.reshape(groups + units + t1 + t0 + blocks + halves, (BLOCK_K,))
+    by_k = tl.reshape(x, (BLOCK_M, S, G, 2, 2, 2, 4))  # [rows, g, c, h, t1, t0, u]
+    return tl.reshape(tl.permute(by_k, (0, 1, 6, 4, 5, 2, 3)), (BLOCK_M, BLOCK_K))
 
 
 @triton.jit
@@ -87,7 +85,7 @@ def dequantized_tile(
     words, s, o, dtype: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """One step of K of W's rows as (q - 8) s + o in `dtype`, its columns in `k_order`, from
+    """One step of K of W's rows as (q - 8) s + o in `dtype`, its columns in `in_k_order`'s, from
     what `int4_blocks.blocks_operands` read: the words [N, BLOCK_K / 32, 4] and each block's
     scale and offset [N, BLOCK_K / 32]."""
     BLOCKS: tl.constexpr = BLOCK_K // BLOCK
@@ -96,7 +94,7 @@ def dequantized_tile(
     else:
         tile = _pairs_by_triton(words, s.to(tl.float32), o.to(tl.float32), BLOCK_N, BLOCKS)
         tile = tile.to(dtype)
-    # [N, groups, c, u, h, t0, t1] to the columns' order, k_order's
+    # [N, groups, c, u, h, t0, t1] to the columns' order, in_k_order's
     return tl.reshape(tl.permute(tile, (0, 1, 3, 6, 5, 2, 4)), (BLOCK_N, BLOCK_K))
 
 

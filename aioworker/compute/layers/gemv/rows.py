@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gemv.add_norm import normed_values
-from aioworker.compute.layers.gemv.int4_blocks_dot import k_order
+from aioworker.compute.layers.gemv.int4_blocks_dot import in_k_order
 
 
 @triton.jit
@@ -46,10 +46,7 @@ def x_step(
     """x's rows over one step of K from k0 (normed: add_norm.py, its squares added to
     squares_sum), A8: as e4m3 with their scales. INT4_BLOCKS (dot tiles): the columns in the
     order int4_blocks_dot.py dequantizes W's."""
-    if INT4_BLOCKS:  # noqa: SIM108 - a constexpr branch: one of the two is compiled
-        ks = k0 + k_order(BLOCK_K)
-    else:
-        ks = k0 + tl.arange(0, BLOCK_K)
+    ks = k0 + tl.arange(0, BLOCK_K)
     x_mask = rows[:, None] < num_rows
     k_mask = ks[None, :] < depth
     if not EVEN_K:
@@ -66,4 +63,6 @@ def x_step(
     x_scale = squares_sum  # unused unless A8
     if A8:
         x, x_scale = e4m3_rows(x)
+    if INT4_BLOCKS:
+        x = in_k_order(x, rows.shape[0], BLOCK_K)
     return x, x_scale, squares_sum
