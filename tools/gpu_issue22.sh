@@ -24,7 +24,7 @@
 #   tools/gpu_issue22.sh quant    the kernels' tests, a refine sweep of wint8 and wint4 with PDL
 #                                 (int4's blocks, int8's words; commit the table), W4 of both
 #   tools/gpu_issue22.sh blocks   int4's blocks tests, a refine sweep of wint4 with PDL (`ahead` among
-#                                 its candidates; commit the table), W4 wint4
+#                                 its candidates; commit the table; SWEEP_S: its budget), W4 wint4
 #   tools/gpu_issue22.sh pipelined [FORMATS]  the stored formats' kernel tests (pipelined FMA
 #                                 tiles, int4's blocks), a refine sweep with PDL of FORMATS
 #                                 (default fp8,wint8,wint4; FMA tiles with and without their
@@ -193,8 +193,9 @@ case "${1:-}" in
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
       -k "blocks" > "$out/gemv_tests.log" 2>&1
-    timeout 270 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 220 \
-      --write-table --refine --pdl --formats wint4 > "$out/gemv_tune.log" 2>&1
+    timeout $(( ${SWEEP_S:-220} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+      --budget-s "${SWEEP_S:-220}" --write-table --refine --pdl --formats wint4 \
+      > "$out/gemv_tune.log" 2>&1
     keep_table
     w4 wint4 100 q
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
