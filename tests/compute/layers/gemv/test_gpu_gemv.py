@@ -63,10 +63,13 @@ def stored(dense: torch.Tensor, fmt: str):
 
 
 def int4_blocks(packed: torch.Tensor) -> torch.Tensor:
-    """int4's bytes in the blocks layout the one-row blocks tiles read (derived at load time)."""
+    """int4's bytes, or a checkpoint's int32 words, in the blocks layout the blocks tiles read
+    (derived at load time from the values either holds)."""
+    from aioworker.compute.layers.quantized.checkpoint_int4 import unpack_int32
     from aioworker.compute.layers.quantized.weight_only import pack_int4_blocks, unpack_nibbles
 
-    return pack_int4_blocks(unpack_nibbles(packed))
+    words = packed.dtype == torch.int32
+    return pack_int4_blocks(unpack_int32(packed, 1) if words else unpack_nibbles(packed))
 
 
 def reference(x, values, gated):
