@@ -31,7 +31,8 @@
 #                                 loads issued ahead; commit the table), W4 wint8 and wint4
 #                                 (with FORMATS given: W4 of those)
 #   tools/gpu_issue22.sh sweep [FORMATS]  the stored formats' kernel tests, then a refine sweep
-#                                 with PDL of FORMATS (default all four; commit the table), no W4
+#                                 with PDL of FORMATS (default all four; SWEEP_S: its budget;
+#                                 commit the table), no W4
 #   tools/gpu_issue22.sh finish [FORMATS]  W4 of FORMATS (default wint8,wint4; W4_S: its time
 #                                 limit) off against on, W1, the every-shape and composed tests
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
@@ -76,6 +77,18 @@ composed() {  # the GPU tests of features composed with the kernels
   timeout "$1" python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu -k "not zmq and not release and not ipc and not profiled and not xformers" \
     tests/compute/test_gpu.py tests/compute/step tests/compute/test_gpu_guided.py \
     > "$out/gpu_tests.log" 2>&1
+}
+stored_sweep() {  # $1: formats, $2: the sweep's budget in seconds; the stored formats' kernel
+                 # tests, then a refine sweep with PDL of those formats (its table kept)
+  timeout 110 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
+    tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
+    > "$out/gemv_tests.log" 2>&1
+  timeout $(( $2 + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s "$2" \
+    --write-table --refine --pdl --formats "$1" > "$out/gemv_tune.log" 2>&1
+  keep_table
+  echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+  echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
 }
 case "${1:-}" in
   all)
@@ -204,30 +217,14 @@ case "${1:-}" in
     ;;
   pipelined)  # the stored formats' kernel tests, a refine sweep of fp8, wint8 and wint4 with
               # PDL (pipelined FMA tiles among the neighbours), W4 wint8 and wint4
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
-      tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
-      > "$out/gemv_tests.log" 2>&1
-    timeout 350 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 300 \
-      --write-table --refine --pdl --formats "${2:-fp8,wint8,wint4}" > "$out/gemv_tune.log" 2>&1
-    keep_table
+    stored_sweep "${2:-fp8,wint8,wint4}" 300
     w4 "${2:-wint8,wint4}" 110 p
-    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
-    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -30
     echo "== w4"; tail -6 "$out/w4_p.log"
     ;;
   sweep)  # the stored formats' kernel tests (int4's blocks with `ahead` at every shape), then a
           # refine sweep with PDL of FORMATS (default all four; every neighbour toggles `ahead`
           # and `pipelined`; commit the table), and no W4: `finish` measures it
-    timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
-      tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
-      > "$out/gemv_tests.log" 2>&1
-    timeout 400 python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s 340 \
-      --write-table --refine --pdl --formats "${2:-none,fp8,wint8,wint4}" > "$out/gemv_tune.log" 2>&1
-    keep_table
-    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
-    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -40
+    stored_sweep "${2:-none,fp8,wint8,wint4}" "${SWEEP_S:-340}"
     ;;
   finish)  # W4 of FORMATS (default wint8,wint4) off against on, W1, the every-shape test, the
            # composed tests (what time is left of the call)
