@@ -97,7 +97,8 @@ def _small_rows_kernel(
     ahead, through shared memory; None leaves the loop to Triton, which pipelines only loads
     that feed a dot. AHEAD (INT4_BLOCKS, Tiles.ahead): each step reads the next step's words,
     scales and offsets into registers before it multiplies its own, which were read during the
-    step before (the last step reads its own again, from cache: no branch, no predicate)."""
+    step before (int4_blocks_loop.py: the last step is peeled off the loop, so none reads past
+    its slice)."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
