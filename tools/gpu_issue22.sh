@@ -78,11 +78,12 @@ composed() {  # the GPU tests of features composed with the kernels
     tests/compute/test_gpu.py tests/compute/step tests/compute/test_gpu_guided.py \
     > "$out/gpu_tests.log" 2>&1
 }
-stored_sweep() {  # $1: formats, $2: the sweep's budget in seconds; the stored formats' kernel
-                 # tests, then a refine sweep with PDL of those formats (its table kept)
-  timeout 110 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+stored_sweep() {  # $1: formats, $2: the sweep's budget in seconds, $3: the tests' -k (default
+                 # the stored formats'); the kernel tests (TESTS_S: their time limit), then a
+                 # refine sweep with PDL of those formats (its table kept)
+  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
     tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
-    tests/compute/layers/gemv/test_gpu_gemv.py -k "blocks or bits or fma or int8" \
+    tests/compute/layers/gemv/test_gpu_gemv.py -k "${3:-blocks or bits or fma or int8}" \
     > "$out/gemv_tests.log" 2>&1
   timeout $(( $2 + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" --budget-s "$2" \
     --write-table --refine --pdl --formats "$1" > "$out/gemv_tune.log" 2>&1
@@ -203,16 +204,8 @@ case "${1:-}" in
     ;;
   blocks)  # int4's blocks tests (both tilings, every shape, `ahead` among them), a refine sweep
            # of wint4 with PDL (each blocks tiling with and without `ahead`), W4 wint4
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "blocks" > "$out/gemv_tests.log" 2>&1
-    timeout $(( ${SWEEP_S:-220} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
-      --budget-s "${SWEEP_S:-220}" --write-table --refine --pdl --formats wint4 \
-      > "$out/gemv_tune.log" 2>&1
-    keep_table
+    stored_sweep wint4 "${SWEEP_S:-220}" blocks
     w4 wint4 100 q
-    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
-    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -8
     echo "== w4"; tail -6 "$out/w4_q.log"
     ;;
   pipelined)  # the stored formats' kernel tests, a refine sweep of fp8, wint8 and wint4 with
