@@ -35,6 +35,8 @@
 #                                 commit the table), no W4
 #   tools/gpu_issue22.sh finish [FORMATS]  W4 of FORMATS (default wint8,wint4; W4_S: its time
 #                                 limit) off against on, W1, the every-shape and composed tests
+#   tools/gpu_issue22.sh verify   after a sweep: the stored formats' kernel tests, the every-shape
+#                                 test and the composed tests, with a cold compiler's time limits
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -231,6 +233,17 @@ case "${1:-}" in
     echo "== w1"; tail -8 "$out/w1.log"
     echo "== w4"; tail -13 "$out/w4_b.log"
     ;;
+  verify)  # the table a sweep wrote, proved: its kernels' tests, every shape, composed (a fresh
+           # machine compiles every kernel first, so each part has minutes, not seconds)
+    timeout 190 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_product.py \
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "(blocks or bits or fma or int8) and not every_shape" \
+      > "$out/gemv_tests.log" 2>&1
+    every_shape 150
+    composed 170
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
+    ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
     for model in qwen3-0.6b llama-3.1-8b; do
@@ -241,6 +254,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify" >&2; exit 2 ;;
 esac
 exit 0
