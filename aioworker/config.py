@@ -35,6 +35,10 @@ class ModelOptions(_Section):
     # one scale per output channel) or "wint4" (int4 weights in groups of 32 inputs), whose
     # products run with bfloat16 activations. The LM head and embeddings stay unquantized.
     quantization: Literal["none", "fp8", "wint8", "wint4"] = "none"
+    # wint4's inputs a group, each group with its own scale and offset (4 bytes). 32 reproduces a
+    # 4-bit GGUF's grid exactly (the embedded model); 128, the usual grid for 16-bit models
+    # (gpt-fast, GPTQ, AWQ), stores 0.53 bytes a weight rather than 0.63: 15% fewer to read.
+    int4_group: Literal[32, 64, 128] = 32
     # The LM head through the same format too (CPU weight-only formats: its dense weight, which
     # a tied input embedding shares, stays for lookups). Off: logits from the dense weight.
     quantize_lm_head: bool = False

@@ -11,8 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from aioworker.compute.layers import pdl  # noqa: E402
-from aioworker.compute.layers.gemv.choice import rule_tiles, table_key, tuned_table  # noqa: E402
+from aioworker.compute.layers.gemv.choice import format_of, rule_tiles, table_entry  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import Tiles  # noqa: E402
 
 
@@ -126,15 +128,22 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
     return found
 
 
-def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: int) -> list[Tiles]:
+def refined(
+    channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: int, int4_group: int = 0
+) -> list[Tiles]:
     """--refine's candidates for one key: the table's tiles (the rule's where it names none or
     gives the shape to torch) and their neighbours, the rule's, and for one row an FMA tiling and
     the 2-8 rows' tiles."""
-    weight_format = {"none": "dense", "fp8": "e4m3", "wint8": "int8", "wint4": "int4"}[fmt]
-    key = table_key(rows, channels, depth, weight_format, gated)
+    weight_format = {"none": "dense", "fp8": "e4m3", "wint8": "int8"}.get(fmt)
+    weight_format = weight_format or format_of(torch.uint8, int4_group)
+
+    def tuned(rows_class: int) -> Tiles | None:
+        entry = table_entry(rows_class, channels, depth, weight_format, gated, int4_group)
+        return entry if isinstance(entry, Tiles) else None
+
     rule = rule_tiles(channels, depth, gated, sms)
     on = bool(pdl.launch_options())
-    found = neighbours(tuned_table().get(key) or rule, fmt, on) + [rule]
+    found = neighbours(tuned(rows) or rule, fmt, on) + [rule]
     if fmt == "wint4":  # int4's blocks on tensor cores: every row count
         tensor_cores = Tiles(True, 128, 256, rule.splits, num_warps=4, num_stages=1, blocks=True)
         found += neighbours(tensor_cores, fmt, on)
@@ -146,7 +155,7 @@ def refined(channels: int, depth: int, gated: bool, fmt: str, rows: int, sms: in
             found += neighbours(blocks, fmt, on)
         # The 2-8 rows' tiles too: dot tiles pad one row to 16 as they pad 8, and fp8's a8
         # tiles (chosen there) multiply on fp8 tensor cores without widening any weight.
-        few = tuned_table().get(table_key(2, channels, depth, weight_format, gated))
+        few = tuned(2)
         if few is not None:
             found += neighbours(few, fmt, on)
     fits = [t for t in found if depth // t.splits >= t.block_k and (t.dot or rows == 1)]

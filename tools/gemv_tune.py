@@ -146,16 +146,15 @@ def sweep_one(channels, depth, gated, fmt, device, deadline, refine=False) -> di
     layers = [first] + [build_layer(method, channels, depth, device) for _ in range(copies - 1)]
     sms = 2 if device == "cpu" else torch.cuda.get_device_properties(0).multi_processor_count
     # The table is keyed by what the kernels read, as `tiles_for` keys it.
-    found = {
-        "bytes": read,
-        "format": format_of(small_rows.OPERANDS[type(method)](first).weight.dtype),
-    }
+    operands = small_rows.OPERANDS[type(method)](first)
+    group = depth // operands.int4_groups[0].shape[1] if operands.int4_groups else 0
+    found = {"bytes": read, "format": format_of(operands.weight.dtype, group)}
     for rows in (1, 8):
         x = torch.randn(rows, depth, device=device)
         want = theirs(method, first, x, gated)
         their_s = graph_time_s(lambda i, x=x: theirs(method, layers[i], x, gated), copies)
         if refine:
-            tried = refined(channels, depth, gated, fmt, rows, sms)
+            tried = refined(channels, depth, gated, fmt, rows, sms, group)
         elif rows == 1:
             tried = [
                 *candidates(channels, depth, gated, True, sms, fmt),
@@ -225,6 +224,14 @@ def main() -> None:
         "back-to-back products overlap as a step's do, and try prefetching W while they wait",
     )
     parser.add_argument(
+        "--int4-group",
+        type=int,
+        choices=(32, 64, 128),
+        default=32,
+        help="wint4's inputs a group (model.int4_group); other than 32, the table's keys name it "
+        "(int4g128), and its tiles start from 32's where they fit",
+    )
+    parser.add_argument(
         "--formats",
         default="none,fp8,wint8,wint4",
         help="the weight formats to sweep, comma-separated (the others keep their entries)",
@@ -233,6 +240,7 @@ def main() -> None:
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
     device = "cpu" if args.smoke else "cuda"
+    METHODS["wint4"] = Int4OnLoad(args.int4_group)
     small_rows.INTERPRET_ON_CPU = args.smoke  # so that CPU layers derive int4's blocks too
     pdl.enable(args.pdl and not args.smoke)
     # The model's dtype, as build_model sets it; float16 for --smoke: Triton's interpreter
@@ -250,6 +258,8 @@ def main() -> None:
         SMOKE_SHAPES if args.smoke else SHAPES
     ).items():
         for fmt in (f for f in formats if f in args.formats.split(",")):
+            if fmt == "wint4" and depth % args.int4_group:
+                continue  # no whole groups (a --smoke shape)
             found = sweep_one(channels, depth, gated, fmt, device, deadline, args.refine)
             for rows in (1, 8):
                 entry = found[rows]

@@ -37,6 +37,9 @@
 #                                 limit) off against on, W1, the every-shape and composed tests
 #   tools/gpu_issue22.sh verify   after a sweep: the stored formats' kernel tests, the every-shape
 #                                 test and the composed tests, with a cold compiler's time limits
+#   tools/gpu_issue22.sh group128 int4's blocks tests, a refine sweep of wint4 in groups of 128
+#                                 (int4g128 keys; commit the table), W4 wint4: groups of 32 (the
+#                                 default) against 128 (model.int4_group)
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -244,6 +247,19 @@ case "${1:-}" in
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
     ;;
+  group128)  # wint4 in groups of 128, the issue's format: tested, swept, W4 beside groups of 32
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_choice.py \
+      -k "128 or method or group" > "$out/gemv_tests.log" 2>&1
+    timeout $(( ${SWEEP_S:-200} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+      --budget-s "${SWEEP_S:-200}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
+      > "$out/gemv_tune.log" 2>&1
+    keep_table
+    w4 wint4 150 g --candidate model.int4_group=128
+    echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
+    echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
+    echo "== w4"; tail -6 "$out/w4_g.log"
+    ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
     for model in qwen3-0.6b llama-3.1-8b; do
@@ -254,6 +270,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128" >&2; exit 2 ;;
 esac
 exit 0

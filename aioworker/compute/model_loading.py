@@ -18,8 +18,12 @@ from aioworker.compute.layers.linear_method import (
 )
 from aioworker.compute.layers.quantized.checkpoint_config import checkpoint_method
 from aioworker.compute.layers.quantized.fp8 import FP8
-from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
-from aioworker.compute.layers.weight_only import WINT4, WINT8
+from aioworker.compute.layers.quantized.weight_only import (
+    WINT4_ON_LOAD,
+    WINT8_ON_LOAD,
+    wint4_on_load,
+)
+from aioworker.compute.layers.weight_only import WINT4, WINT8, wint4
 from aioworker.compute.loader import (
     checkpoint_files,
     count_tensors,
@@ -85,6 +89,8 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
                 "'wint8' or 'wint4' on the CPU"
             )
         method = CPU_WEIGHT_ONLY[quantization]
+        if quantization == "wint4":
+            method = wint4(config.model.int4_group)
         return LinearMethods(method, method if config.model.quantize_lm_head else dense)
     if quantization == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
         raise ConfigError(
@@ -105,7 +111,10 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
             "W4 and W8); fp8 is the fast format on Hopper",
             quantization, slow,
         )  # fmt: skip
-    return LinearMethods(ON_LOAD[quantization], dense)
+    method = ON_LOAD[quantization]
+    if quantization == "wint4":
+        method = wint4_on_load(config.model.int4_group)
+    return LinearMethods(method, dense)
 
 
 def build_model(

@@ -33,6 +33,19 @@ def test_the_cpu_keeps_its_dense_weight_formats_and_the_gpu_holds_quantized_valu
     assert plain.projections is WINT4_ON_LOAD
 
 
+def test_model_int4_group_gives_wint4_its_groups_on_either_device() -> None:
+    grouped = config(quantization="wint4", int4_group=128)
+    on_cpu = linear_methods(UNQUANTIZED_CHECKPOINT, grouped, CPU).projections
+    assert on_cpu is weight_only.wint4(128) and on_cpu.group == 128
+    on_cuda = linear_methods(UNQUANTIZED_CHECKPOINT, grouped, CUDA).projections
+    assert on_cuda.inner.group == 128 and on_cuda.inner.shapes(8, 256)["weight_scale"].shape == (
+        8,
+        2,
+    )
+    with pytest.raises(ConfigError, match="int4_group"):
+        config(quantization="wint4", int4_group=100)
+
+
 def test_on_cuda_the_small_rows_kernels_wrap_the_formats_and_never_on_the_cpu() -> None:
     """device.small_batch_kernels (on by default): decode's few rows go to compute/layers/gemv/
     on CUDA; the CPU keeps its methods as they are."""

@@ -14,12 +14,22 @@ from aioworker.compute.layers import weight_only as cpu_weight_only
 from aioworker.compute.layers.linear import RowParallelLinear, column_parallel
 from aioworker.compute.layers.linear_method import process_after_loading
 from aioworker.compute.layers.quantized import fp8, weight_only
-from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
+from aioworker.compute.layers.quantized.weight_only import (
+    WINT4_ON_LOAD,
+    WINT8_ON_LOAD,
+    wint4_on_load,
+)
 from aioworker.compute.loader import init_dummy_weights, load_weights
 from aioworker.compute.parallel import SINGLE, TensorParallel
 from aioworker.compute.weights.staging import commit, stage
 
-METHODS = [fp8.FP8, WINT8_ON_LOAD, WINT4_ON_LOAD]
+# wint4 in groups of 128 too (model.int4_group): two groups of the 256 inputs, one a half
+METHODS = [fp8.FP8, WINT8_ON_LOAD, WINT4_ON_LOAD, wint4_on_load(128)]
+
+
+def method_id(method) -> str:
+    group = getattr(method, "group", 32)
+    return method.name if group == 32 else f"{method.name}-group-{group}"
 
 
 def dequantized(layer) -> torch.Tensor:
@@ -39,11 +49,13 @@ def test_fp8_round_trip_is_within_e4m3_precision() -> None:
     assert torch.equal(q.float().abs().amax(dim=1), torch.full((64,), 448.0))
 
 
-def test_int4_rows_round_trip_is_within_half_a_step() -> None:
+@pytest.mark.parametrize("group", [cpu_weight_only.INT4_GROUP, 128])
+def test_int4_rows_round_trip_is_within_half_a_step(group: int) -> None:
     w = torch.randn(32, 256)
-    packed, scales, offsets = weight_only.quantize_int4_rows(w)
+    packed, scales, offsets = weight_only.quantize_int4_rows(w, group)
     assert packed.dtype == torch.uint8 and packed.shape == (32, 128)
-    step = scales.float().repeat_interleave(cpu_weight_only.INT4_GROUP, dim=1)
+    assert scales.shape == offsets.shape == (32, 256 // group)
+    step = scales.float().repeat_interleave(group, dim=1)
     error = (weight_only.dequantize_int4_rows(packed, scales, offsets) - w).abs()
     assert (error <= step / 2 + 1e-5).all()
 
@@ -99,7 +111,7 @@ def load_parts(module, parts, targets=None) -> None:
     load_weights(module, iter(tensors), progress=False, targets=targets)
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_a_layer_loaded_from_dense_parts_holds_only_quantized_values(method) -> None:
     module = merged_layer(method)
     load_parts(module, dense_parts())
@@ -119,7 +131,7 @@ def test_a_layer_loaded_from_dense_parts_holds_only_quantized_values(method) -> 
         assert error < (0.08 if method is fp8.FP8 else 0.02), (rows, error)
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_tensor_parallel_shards_quantize_their_own_rows(method) -> None:
     whole = merged_layer(method)
     load_parts(whole, dense_parts())
@@ -132,7 +144,7 @@ def test_tensor_parallel_shards_quantize_their_own_rows(method) -> None:
     assert torch.equal(torch.cat([a0, a1, b0, b1]), dequantized(whole.proj))
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_a_row_parallel_shard_quantizes_its_own_columns(method) -> None:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -150,7 +162,7 @@ def test_a_row_parallel_shard_quantizes_its_own_columns(method) -> None:
         torch.testing.assert_close(dequantized(module.proj), columns, atol=0.6, rtol=0.15)
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_dummy_weights_are_quantized_dense_draws(method) -> None:
     module = merged_layer(method)
     init_dummy_weights(module, seed=3)
@@ -159,7 +171,7 @@ def test_dummy_weights_are_quantized_dense_draws(method) -> None:
     assert weights.std() > 0.02
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_a_staged_update_is_quantized_and_committed_in_place(method) -> None:
     module = merged_layer(method)
     load_parts(module, dense_parts(0))
@@ -183,7 +195,7 @@ def test_a_staged_update_is_quantized_and_committed_in_place(method) -> None:
     assert not torch.equal(module.proj(x), before)
 
 
-@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_each_dense_slice_is_quantized_once_for_all_its_parameters(method, monkeypatch) -> None:
     calls = []
     original = type(method).quantize

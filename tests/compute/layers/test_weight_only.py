@@ -35,6 +35,15 @@ def test_int4_round_trip_is_within_half_a_step(in_features: int) -> None:
 def test_int4_refuses_inputs_no_group_divides() -> None:
     with pytest.raises(ValueError, match="100 input features .* model.quantization = 'wint8'"):
         weight_only.quantize_int4(torch.randn(8, 100))
+    # the embedded model's 576 inputs take groups of 64, not 128
+    assert weight_only.quantize_int4(torch.randn(8, 576), 64)[2] == 64
+    with pytest.raises(ValueError, match="groups of 128; .* or a smaller model.int4_group"):
+        weight_only.quantize_int4(torch.randn(8, 576), 128)
+
+
+def test_each_int4_group_has_one_method_and_32_is_the_default() -> None:
+    assert weight_only.wint4(32) is weight_only.WINT4
+    assert weight_only.wint4(64) is weight_only.wint4(64) and weight_only.wint4(64).group == 64
 
 
 def quantized_layer(method, in_features: int = 576, out_features: int = 96):
@@ -48,11 +57,15 @@ def quantized_layer(method, in_features: int = 576, out_features: int = 96):
 def dequantized(layer) -> torch.Tensor:
     if layer.linear_method is weight_only.WINT8:
         return weight_only.dequantize_int8(layer.int8_weight, layer.int8_scales)
-    q, _, group = weight_only.quantize_int4(layer.weight.data)
+    q, _, group = weight_only.quantize_int4(layer.weight.data, layer.linear_method.group)
     return weight_only.dequantize_int4(q, layer.int4_scales_and_zeros, group)  # as held: bf16
 
 
-@pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
+METHODS = [weight_only.WINT8, weight_only.WINT4, weight_only.wint4(64)]
+IDS = ["wint8", "wint4", "wint4-group-64"]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=IDS)
 @pytest.mark.parametrize("rows", [1, weight_only.MAX_QUANTIZED_ROWS])
 def test_the_method_multiplies_by_its_dequantized_weight(method, rows: int) -> None:
     layer = quantized_layer(method)
@@ -62,7 +75,7 @@ def test_the_method_multiplies_by_its_dequantized_weight(method, rows: int) -> N
     torch.testing.assert_close(layer(x), expected, rtol=2e-2, atol=0.3)
 
 
-@pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
+@pytest.mark.parametrize("method", METHODS, ids=IDS)
 def test_more_rows_multiply_by_the_dequantized_weight(method) -> None:
     """The same values as the kernels multiply by: a request's tokens must not depend on how
     many rows its step had."""
@@ -73,7 +86,7 @@ def test_more_rows_multiply_by_the_dequantized_weight(method) -> None:
     assert not torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
 
 
-@pytest.mark.parametrize("method", [weight_only.WINT8, weight_only.WINT4], ids=["wint8", "wint4"])
+@pytest.mark.parametrize("method", METHODS, ids=IDS)
 def test_processing_again_follows_an_updated_dense_weight(method) -> None:
     layer = quantized_layer(method)
     x = torch.randn(3, 576)

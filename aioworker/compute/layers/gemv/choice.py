@@ -7,7 +7,9 @@ was the faster for a shape (an entry of null): then `tiles_for` says None, and t
 left to the wrapped method.
 
 The table is keyed by shape, weight format, gating and row class (one row, or 2 to 8: the dot
-tiles pad every row count to 16, so 2 to 8 cost the same). The rule: tensor-core tiles of 64
+tiles pad every row count to 16, so 2 to 8 cost the same). int4 in groups of other than 32
+inputs is a format of its own ("int4g128"); where the table has no entry for it, it takes the
+32-input groups' tiles if they multiply its groups (Tiles.int4_misfit), else the rule's. The rule: tensor-core tiles of 64
 channels by 128 of K, and K split until the device has two programs per SM, each slice keeping
 at least 512 of K (a split's partial sums are written and read again once).
 """
@@ -23,17 +25,22 @@ from pathlib import Path
 import torch
 
 from aioworker.compute.layers.gemv.tiles import Tiles
+from aioworker.compute.layers.weight_only import INT4_GROUP
 
 TABLE_PATH = Path(__file__).with_name("tuned_tiles.json")
 INT4_VALUES = {torch.uint8: 2, torch.int32: 8}  # int4 values a stored unit holds
 PROGRAMS_PER_SM = 2
 MIN_K_PER_SPLIT = 512
+MISSING = object()  # table_entry: the table names no such key
 
 
-def format_of(weight_dtype: torch.dtype) -> str:
-    """uint8 and int32 weights are int4's: two values a byte, eight a word."""
+def format_of(weight_dtype: torch.dtype, int4_group: int = 0) -> str:
+    """uint8 and int32 weights are int4's: two values a byte, eight a word; "int4" in groups of
+    32 inputs (or 0: not given), "int4g<group>" in others."""
+    if weight_dtype in INT4_VALUES:
+        return "int4" if int4_group in (0, INT4_GROUP) else f"int4g{int4_group}"
     known = {torch.float8_e4m3fn: "e4m3", torch.int8: "int8"}
-    return "int4" if weight_dtype in INT4_VALUES else known.get(weight_dtype, "dense")
+    return known.get(weight_dtype, "dense")
 
 
 def table_key(rows: int, channels: int, depth: int, fmt: str, gated: bool) -> str:
@@ -88,26 +95,40 @@ def rule_tiles(channels: int, depth: int, gated: bool, sms: int) -> Tiles:
     return dataclasses.replace(tiles, splits=splits)
 
 
-@functools.cache
-def _choose(
-    rows_class: int, channels: int, depth: int, fmt: str, gated: bool, sms: int
-) -> Tiles | None:
+def table_entry(
+    rows_class: int, channels: int, depth: int, fmt: str, gated: bool, int4_group: int = 0
+) -> Tiles | None | object:
+    """The table's tiles for the key, None where it gives the shape to torch's product, or
+    MISSING where it has no entry (for an int4 group of its own, nor a fitting 32-group one)."""
     table = tuned_table()
     key = table_key(rows_class, channels, depth, fmt, gated)
-    if key not in table:
+    if key in table:
+        return table[key]
+    if fmt.startswith("int4g"):
+        as_32 = table.get(table_key(rows_class, channels, depth, "int4", gated), MISSING)
+        if as_32 is None or isinstance(as_32, Tiles) and not as_32.int4_misfit(int4_group):
+            return as_32
+    return MISSING
+
+
+@functools.cache
+def _choose(
+    rows_class: int, channels: int, depth: int, fmt: str, gated: bool, sms: int, int4_group: int
+) -> Tiles | None:
+    tuned = table_entry(rows_class, channels, depth, fmt, gated, int4_group)
+    if tuned is MISSING:
         return rule_tiles(channels, depth, gated, sms)
-    tuned = table[key]
     if tuned is not None and not tuned.dot and rows_class != 1:
         return rule_tiles(channels, depth, gated, sms)  # FMA tiles take one row only
     return tuned
 
 
-def tiles_for(rows: int, weight: torch.Tensor, gated: bool) -> Tiles | None:
-    """Tiles for `rows` rows times `weight` ([N, K], int4's packed; for `gated`, N = 2I), or
-    None where torch's product measured faster."""
+def tiles_for(rows: int, weight: torch.Tensor, gated: bool, int4_group: int = 0) -> Tiles | None:
+    """Tiles for `rows` rows times `weight` ([N, K], int4's packed, in groups of `int4_group`
+    inputs; for `gated`, N = 2I), or None where torch's product measured faster."""
     channels, depth = weight.shape
     rows_class = 1 if rows == 1 else 2
-    fmt = format_of(weight.dtype)
-    if fmt == "int4":
+    fmt = format_of(weight.dtype, int4_group)
+    if weight.dtype in INT4_VALUES:
         depth *= INT4_VALUES[weight.dtype]
-    return _choose(rows_class, channels, depth, fmt, gated, sm_count(weight.device))
+    return _choose(rows_class, channels, depth, fmt, gated, sm_count(weight.device), int4_group)

@@ -123,7 +123,9 @@ class SmallRows:
             return None
         operands = self.operands(layer)
         rows = x.reshape(-1, x.shape[-1])
-        tiles = tiles_for(rows.shape[0], operands.weight, gated)
+        groups = operands.int4_groups
+        int4_group = rows.shape[1] // groups[0].shape[1] if groups is not None else 0
+        tiles = tiles_for(rows.shape[0], operands.weight, gated, int4_group)
         weight = operands.weight
         if tiles is not None and tiles.blocks:
             # The FMA blocks tiles take x as it is: with the norm to fuse, the caller norms.

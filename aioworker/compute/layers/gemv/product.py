@@ -76,16 +76,11 @@ def small_rows_product(
             raise ValueError("int4 scales and offsets must be laid out alike")
         group = depth // group_scale.shape[1]
         per_unit = INT4_VALUES[weight.dtype]
-        if tiles.block_k % group and group % tiles.block_k:
-            raise ValueError(f"BLOCK_K {tiles.block_k} and int4 groups of {group} do not nest")
+        misfit = tiles.int4_misfit(group)
+        if misfit:
+            raise ValueError(misfit)
         if tiles.blocks:
-            _check_blocks(weight, tiles, group, add_norm)
-        elif not tiles.dot and tiles.block_k % group:
-            raise ValueError(f"FMA tiles on int4 take whole groups: BLOCK_K {tiles.block_k}")
-        if tiles.dot and tiles.bits and group % tiles.block_k:
-            raise ValueError(
-                f"bits dot tiles on int4 take one group a step: BLOCK_K {tiles.block_k}"
-            )
+            _check_blocks(weight, tiles, add_norm)
     block_m = max(16, triton.next_power_of_2(num_rows)) if tiles.dot else 1
     row_groups = not tiles.dot and group > 0
     summed_per = INT4_BLOCK if tiles.blocks else group  # FMA int4: a sum per group, or block
@@ -156,14 +151,10 @@ def _int4_blocks(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
     return 1 if by_ptx else 2
 
 
-def _check_blocks(weight: torch.Tensor, tiles: Tiles, group: int, add_norm) -> None:
-    """ValueError naming what the int4 blocks tiles cannot take."""
+def _check_blocks(weight: torch.Tensor, tiles: Tiles, add_norm) -> None:
+    """ValueError naming what the int4 blocks tiles cannot take (their groups: int4_misfit)."""
     if weight.dtype != torch.int32:
         raise ValueError(f"blocks tiles read int32 words, not {weight.dtype}")
-    if tiles.block_k % INT4_BLOCK or group % INT4_BLOCK:
-        raise ValueError(
-            f"blocks tiles take K in blocks of {INT4_BLOCK}: BLOCK_K {tiles.block_k}, group {group}"
-        )
     if add_norm is not None and not tiles.dot:
         raise ValueError("FMA blocks tiles take x as it is: norm it first")
 

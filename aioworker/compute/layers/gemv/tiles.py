@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_ROWS = 8
+INT4_BLOCK = 32  # K values a block of int4's blocks layout holds, in four int32 words
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,18 @@ class Tiles:
     blocks: bool = False
     pipelined: bool = False
     ahead: bool = False
+
+    def int4_misfit(self, group: int) -> str | None:
+        """Why these tiles cannot multiply int4 weights in groups of `group` inputs, or None."""
+        if self.block_k % group and group % self.block_k:
+            return f"BLOCK_K {self.block_k} and int4 groups of {group} do not nest"
+        if self.blocks and (self.block_k % INT4_BLOCK or group % INT4_BLOCK):
+            return (
+                f"blocks tiles take K in blocks of {INT4_BLOCK}: BLOCK_K {self.block_k}, "
+                f"group {group}"
+            )
+        if not self.dot and not self.blocks and self.block_k % group:
+            return f"FMA tiles on int4 take whole groups: BLOCK_K {self.block_k}"
+        if self.dot and self.bits and group % self.block_k:
+            return f"bits dot tiles on int4 take one group a step: BLOCK_K {self.block_k}"
+        return None

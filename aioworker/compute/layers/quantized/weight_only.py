@@ -2,7 +2,8 @@
 "wint8" / "wint4" on a GPU; the CPU keeps its dense copy for prefill, layers/weight_only.py).
 
 - int8: one scale per output channel, as on the CPU; `torch._weight_int8pack_mm`.
-- int4: asymmetric groups of 32 inputs (layers/weight_only.py says why 32) (w ~ (q - 8) s + z, torch's tinygemm
+- int4: asymmetric groups of 32 inputs (layers/weight_only.py says why 32; model.int4_group: 64
+  or 128) (w ~ (q - 8) s + z, torch's tinygemm
   convention), stored plainly as two values a byte ([N, K / 2], high nibble first) with scales
   and offsets [N, K / G], so a shard's rows load and stage anywhere; after loading, the
   kernels' own layouts are derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU, and
@@ -15,11 +16,14 @@ a write and a read of the dense weight on top of the product.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from aioworker.compute.layers import weight_only as cpu
+from aioworker.compute.layers.gemv.tiles import INT4_BLOCK
 from aioworker.compute.layers.quantized.on_load import (
     QuantizedOnLoad,
     finish,
@@ -55,9 +59,11 @@ class Int8OnLoad(QuantizedOnLoad):
         return finish(y, x, bias)
 
 
-def quantize_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4_rows(
+    w: torch.Tensor, group: int = cpu.INT4_GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values [N, K / 2] uint8, scales [N, K / G], offsets [N, K / G])."""
-    q, scales_and_zeros, _ = cpu.quantize_int4(w)
+    q, scales_and_zeros, _ = cpu.quantize_int4(w, group)
     sz = scales_and_zeros.transpose(0, 1)  # [N, K / G, 2]
     return pack_nibbles(q), sz[..., 0], sz[..., 1]
 
@@ -94,7 +100,6 @@ def unpack_int4_blocks(words: torch.Tensor) -> torch.Tensor:
     return nibbles.to(torch.uint8).reshape(rows, -1)
 
 
-INT4_BLOCK = 32  # K values a block of the blocks layout holds, in four int32 words
 BLOCKS_ROTATION = 3  # each word rotated left by this many bits
 
 
@@ -188,8 +193,11 @@ class Int4Kernels:
 class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
     name = "wint4"
 
+    def __init__(self, group: int = cpu.INT4_GROUP) -> None:
+        self.group = group
+
     def shapes(self, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
-        groups = in_features // cpu.int4_group(in_features)
+        groups = in_features // cpu.int4_group(in_features, self.group)
         return {
             "weight": torch.empty(out_features, in_features // 2, dtype=torch.uint8),
             "weight_scale": torch.empty(out_features, groups, dtype=KERNEL_DTYPE),
@@ -197,7 +205,7 @@ class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
         }
 
     def quantize(self, dense: torch.Tensor) -> dict[str, torch.Tensor]:
-        packed, scales, offsets = quantize_int4_rows(dense)
+        packed, scales, offsets = quantize_int4_rows(dense, self.group)
         return {"weight": packed, "weight_scale": scales, "weight_offset": offsets}
 
     def process_after_loading(self, layer: nn.Module) -> None:
@@ -214,3 +222,9 @@ class Int4OnLoad(Int4Kernels, QuantizedOnLoad):
 
 WINT8_ON_LOAD = Int8OnLoad()
 WINT4_ON_LOAD = Int4OnLoad()
+
+
+@functools.cache
+def wint4_on_load(group: int) -> Int4OnLoad:
+    """The int4 method of `group` inputs a group (one instance a group: WINT4_ON_LOAD for 32)."""
+    return WINT4_ON_LOAD if group == cpu.INT4_GROUP else Int4OnLoad(group)

@@ -84,3 +84,43 @@ def test_a_gpu_with_a_table_of_its_own_reads_it_and_others_the_default(
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=gpu: gpu)
         choice.tuned_table.cache_clear()
         assert choice.tuned_table()["64x128 dense one"] == want
+
+
+def test_an_int4_group_of_its_own_takes_its_entry_else_32s_where_those_tiles_fit(table) -> None:
+    blocks = {"dot": False, "block_n": 64, "block_k": 256, "splits": 2, "blocks": True}
+    fma_64 = {"dot": False, "block_n": 16, "block_k": 64, "splits": 1}  # whole groups of 64 only
+    own = {"dot": True, "block_n": 128, "block_k": 256, "splits": 4, "blocks": True}
+    table({
+        "4096x4096 int4 one": blocks,
+        "4096x4096 int4 few": own,
+        "4096x4096 int4g128 few": {**own, "splits": 8},
+        "6144x4096 int4 one": fma_64,
+        "6144x4096 int4 few": None,
+    })  # fmt: skip
+    o, qkv = torch.empty(4096, 512, dtype=torch.int32), torch.empty(6144, 512, dtype=torch.int32)
+    assert choice.tiles_for(1, o, False, 32) == Tiles(**blocks)
+    assert choice.tiles_for(1, o, False, 128) == Tiles(**blocks)  # 32's: blocks take any group
+    assert choice.tiles_for(8, o, False, 128) == Tiles(**{**own, "splits": 8})  # its own entry
+    assert choice.tiles_for(8, o, False, 32) == Tiles(**own)
+    # 32's FMA tiles step 64 of K: not whole groups of 128, so the rule's tiles instead
+    assert choice.tiles_for(1, qkv, False, 32) == Tiles(**fma_64)
+    assert choice.tiles_for(1, qkv, False, 128) == choice.rule_tiles(6144, 4096, False, 132)
+    assert choice.tiles_for(8, qkv, False, 128) is None  # torch's product, as measured for 32
+    assert choice.format_of(torch.uint8, 128) == "int4g128"
+    assert choice.format_of(torch.uint8, 32) == choice.format_of(torch.int32) == "int4"
+
+
+@pytest.mark.parametrize(
+    ("tiles", "group", "misfit"),
+    [
+        (Tiles(block_k=128), 128, None),
+        (Tiles(block_k=256, bits=True), 128, "one group a step"),
+        (Tiles(dot=False, block_k=64), 128, "whole groups"),
+        (Tiles(dot=False, block_k=192), 128, "do not nest"),
+        (Tiles(dot=False, block_k=256, blocks=True), 128, None),
+        (Tiles(dot=False, block_k=16, blocks=True), 16, "blocks of 32"),
+    ],
+)
+def test_int4_misfit_names_why_tiles_cannot_take_a_group(tiles, group, misfit) -> None:
+    found = tiles.int4_misfit(group)
+    assert found is None if misfit is None else misfit in found

@@ -44,3 +44,16 @@ def test_int4_blocks_tilings_are_timed_also_reading_a_step_ahead() -> None:
     assert dataclasses.replace(base, ahead=True) in neighbours(base, "wint4")
     assert not any(t.ahead for t in neighbours(Tiles(False, 16, 512, 2), "wint4"))
     assert any(t.ahead and t.dot for t in refined(4096, 14336, False, "wint4", 8, 132))
+
+
+def test_a_refine_of_int4_groups_of_128_starts_from_32s_tiles_where_it_has_none(
+    monkeypatch,
+) -> None:
+    from aioworker.compute.layers.gemv import choice
+
+    tuned = Tiles(False, 256, 1024, 1, num_warps=8, num_stages=4, blocks=True)  # no seed's
+    monkeypatch.setattr(choice, "tuned_table", lambda: {"4096x14336 int4 one": tuned})
+    assert tuned in refined(4096, 14336, False, "wint4", 1, 132, int4_group=128)
+    assert tuned in refined(4096, 14336, False, "wint4", 1, 132)
+    monkeypatch.setattr(choice, "tuned_table", lambda: {"4096x14336 int4g128 one": None})
+    assert tuned not in refined(4096, 14336, False, "wint4", 1, 132, int4_group=128)

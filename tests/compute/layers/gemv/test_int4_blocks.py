@@ -224,14 +224,16 @@ def test_refuses_what_the_blocks_tiles_cannot_take() -> None:
 
 @pytest.fixture
 def blocks_in_the_table(monkeypatch, tmp_path):
-    """A table naming blocks tiles for one row of a gated 64x224 int4 product."""
+    """A table naming blocks tiles for one row of gated 64x224 and 64x512 int4 products (groups
+    of 32: those of 128 take them too, having no entry of their own)."""
     import json
 
     from aioworker.compute.layers.gemv import choice
 
     tiles = {"dot": False, "blocks": True, "block_n": 16, "block_k": 64, "splits": 2}
+    entries = {"64x224 int4 gated one": tiles, "64x512 int4 gated one": tiles}
     path = tmp_path / "tuned.json"
-    path.write_text(json.dumps({"device": "test", "tiles": {"64x224 int4 gated one": tiles}}))
+    path.write_text(json.dumps({"device": "test", "tiles": entries}))
     monkeypatch.setattr(choice, "TABLE_PATH", path)
     choice.tuned_table.cache_clear()
     choice._choose.cache_clear()
@@ -281,3 +283,31 @@ def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
     dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
     torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),
                                rtol=1e-3, atol=1e-2)  # fmt: skip
+
+
+def test_groups_of_128_quantized_on_load_multiply_on_32s_blocks_tiles(
+    blocks_in_the_table, monkeypatch
+) -> None:
+    """model.int4_group = 128: the layer holds a scale and offset a 128 inputs, the method finds
+    the 32-group tiles (they take any group), and the kernel reads the groups as they are."""
+    from aioworker.compute.layers.gemv import product
+    from aioworker.compute.layers.gemv.method import small_rows
+    from aioworker.compute.layers.quantized.weight_only import wint4_on_load
+
+    layer = torch.nn.Module()
+    inner = wint4_on_load(128)
+    method = small_rows(inner)
+    with torch.device(DEVICE):
+        method.create_weights(layer, 2 * 32, 512)
+    inner.fill_dummy(layer, lambda dense: dense.normal_(generator=None))
+    method.process_after_loading(layer)
+    assert layer.weight_scale.shape == (64, 4)
+    tiles_used = []
+    real = product.small_rows_product
+    monkeypatch.setattr(product, "small_rows_product",
+                        lambda x, w, tiles, *rest: tiles_used.append(tiles) or real(x, w, tiles, *rest))  # fmt: skip
+    x = torch.randn(1, 512, device=DEVICE)
+    dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
+    torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),
+                               rtol=1e-3, atol=1e-2)  # fmt: skip
+    assert [t.blocks for t in tiles_used] == [True]
