@@ -39,8 +39,10 @@ class ModelOptions(_Section):
     # 4-bit GGUF's grid exactly (the embedded model); 128, the usual grid for 16-bit models
     # (gpt-fast, GPTQ, AWQ), stores 0.53 bytes a weight rather than 0.63: 15% fewer to read.
     int4_group: Literal[32, 64, 128] = 32
-    # The LM head through the same format too (CPU weight-only formats: its dense weight, which
-    # a tied input embedding shares, stays for lookups). Off: logits from the dense weight.
+    # The LM head through the same format too. Its dense weight stays (a tied input embedding
+    # shares it; loads and updates write it): on the CPU the weight-only formats keep it anyway;
+    # on a GPU the format quantizes a copy after every load, which the products read (the
+    # copy's memory on top). Off: logits from the dense weight.
     quantize_lm_head: bool = False
 
 

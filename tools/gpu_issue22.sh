@@ -40,6 +40,9 @@
 #   tools/gpu_issue22.sh group128 int4's blocks tests, a refine sweep of wint4 in groups of 128
 #                                 (int4g128 keys; commit the table), W4 wint4: groups of 32 (the
 #                                 default) against 128 (model.int4_group)
+#   tools/gpu_issue22.sh head     the quantized engines' GPU tests (a quantized LM head among them),
+#                                 W4 fp8, wint8 and wint4: the defaults against
+#                                 model.quantize_lm_head (the head read from a quantized copy)
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -262,6 +265,13 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
+  head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do
+    timeout 200 python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu \
+      tests/compute/test_gpu_quantization.py > "$out/gpu_tests.log" 2>&1
+    w4 fp8,wint8,wint4 240 h --candidate model.quantize_lm_head=true
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
+    echo "== w4"; tail -8 "$out/w4_h.log"
+    ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
     for model in qwen3-0.6b llama-3.1-8b; do
@@ -272,6 +282,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head" >&2; exit 2 ;;
 esac
 exit 0

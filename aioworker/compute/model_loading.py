@@ -18,6 +18,7 @@ from aioworker.compute.layers.linear_method import (
 )
 from aioworker.compute.layers.quantized.checkpoint_config import checkpoint_method
 from aioworker.compute.layers.quantized.fp8 import FP8
+from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
 from aioworker.compute.layers.quantized.weight_only import (
     WINT4_ON_LOAD,
     WINT8_ON_LOAD,
@@ -98,11 +99,6 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
             f"Ada, Hopper); this GPU has {torch.cuda.get_device_capability(device)}; use "
             "'wint8' or 'wint4'"
         )
-    if config.model.quantize_lm_head:
-        raise ConfigError(
-            "model.quantize_lm_head runs on the CPU only: on a GPU the formats hold no dense "
-            "weight, and the LM head's may be the input embedding's; set it to false"
-        )
     kernels = config.device.small_batch_kernels
     slow = kernels and SLOW_ON_GPU_WITH_KERNELS.get(quantization) or SLOW_ON_GPU.get(quantization)
     if slow:
@@ -114,7 +110,7 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
     method = ON_LOAD[quantization]
     if quantization == "wint4":
         method = wint4_on_load(config.model.int4_group)
-    return LinearMethods(method, dense)
+    return LinearMethods(method, QuantizedCopy(method) if config.model.quantize_lm_head else dense)
 
 
 def build_model(

@@ -85,9 +85,10 @@ def test_a_quantized_checkpoint_reads_back_on_the_gpu(tmp_path, layout) -> None:
         eng.close()
 
 
+@pytest.mark.parametrize("quantize_lm_head", [False, True], ids=["dense-head", "quantized-head"])
 @pytest.mark.parametrize("quantization", ["fp8", "wint8", "wint4"])
 def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
-    tmp_path, quantization: str
+    tmp_path, quantization: str, quantize_lm_head: bool
 ) -> None:
     build_tiny_model("llama", tmp_path, logit_scale=4.0, **SIZES)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300], list(range(40, 90))]
@@ -100,6 +101,7 @@ def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
                 "model.dtype": "float32",
                 "model.max_model_len": 256,
                 "model.quantization": quantization,
+                "model.quantize_lm_head": quantize_lm_head,
                 "device.cuda_graphs": graphs,
             },
         )

@@ -11,7 +11,8 @@ import torch
 
 from aioworker.compute.layers import weight_only
 from aioworker.compute.layers.gemv.method import SmallRows
-from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD
+from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
+from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, wint4_on_load
 from aioworker.compute.model_loading import linear_methods
 from aioworker.config import ConfigError, load_config
 
@@ -66,13 +67,18 @@ def test_a_slow_gpu_format_is_said_to_be_slow(caplog, kernels: bool, said: str) 
     assert f"'wint8' on a GPU saves weight memory but {said}" in caplog.text
 
 
-@pytest.mark.parametrize(
-    ("settings", "device", "message"),
-    [
-        ({"quantization": "fp8"}, CPU, "'fp8' needs a GPU with fp8 tensor cores"),
-        ({"quantization": "wint4", "quantize_lm_head": True}, CUDA, "quantize_lm_head runs on the CPU only"),
-    ],
-)  # fmt: skip
-def test_refusals_name_the_key(settings, device, message) -> None:
-    with pytest.raises(ConfigError, match=message):
-        linear_methods(UNQUANTIZED_CHECKPOINT, config(**settings), device)
+def test_refusals_name_the_key() -> None:
+    with pytest.raises(ConfigError, match="'fp8' needs a GPU with fp8 tensor cores"):
+        linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="fp8"), CPU)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_on_a_gpu_a_quantized_lm_head_is_a_copy_in_the_format(kernels: bool) -> None:
+    settings = config(kernels, quantization="wint4", quantize_lm_head=True, int4_group=128)
+    methods = linear_methods(UNQUANTIZED_CHECKPOINT, settings, CUDA)
+    head = methods.lm_head.inner if kernels else methods.lm_head
+    assert isinstance(methods.lm_head, SmallRows) == kernels
+    projections = methods.projections.inner if kernels else methods.projections
+    assert isinstance(head, QuantizedCopy) and head.format is projections is wint4_on_load(128)
+    plain = linear_methods(UNQUANTIZED_CHECKPOINT, config(kernels, quantization="wint8"), CUDA)
+    assert not isinstance(getattr(plain.lm_head, "inner", plain.lm_head), QuantizedCopy)

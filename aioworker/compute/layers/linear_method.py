@@ -83,7 +83,8 @@ UNQUANTIZED = Unquantized()
 @dataclass(frozen=True)
 class LinearMethods:
     """A model's methods: one for its decoder projections, one for its LM head (whose weight
-    is an embedding's, kept dense: a format only it may not share)."""
+    is an embedding's and stays dense: a format reaches it only as a method that keeps the
+    dense weight, quantized/head_copy.py on a GPU)."""
 
     projections: LinearMethod = UNQUANTIZED
     lm_head: LinearMethod = UNQUANTIZED

@@ -29,6 +29,7 @@ from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import silu_and_mul
 from aioworker.compute.layers.quantized.checkpoint_int4 import Int4Checkpoint
 from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
+from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
 from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoad
 
 
@@ -69,6 +70,15 @@ OPERANDS: dict[type, Callable[[nn.Module], KernelOperands]] = {
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def _operands_of(method: LinearMethod) -> Callable[[nn.Module], KernelOperands]:
+    """What the kernels read of a layer of this method: for an LM head's quantized copy, the
+    copy's operands as its format holds them."""
+    if isinstance(method, QuantizedCopy):
+        of_format = OPERANDS[type(method.format)]
+        return lambda layer: of_format(method.copy_of(layer))
+    return OPERANDS[type(method)]
+
+
 # Set by tests (with TRITON_INTERPRET=1 set before Triton is imported) to run the kernels whole
 # on the CPU. Not the environment variable alone: a test process that sets it for a few tests
 # would send every CPU engine after them through the interpreter.
@@ -89,7 +99,7 @@ class SmallRows:
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
-        self.operands = OPERANDS[type(inner)]
+        self.operands = _operands_of(inner)
         self.devices = kernel_devices()
         self.fitted: dict[tuple, Tiles] = {}  # the tiling with stages that fit, by key below
 
@@ -192,6 +202,7 @@ def small_rows(method: LinearMethod, fuse_norm: bool = False) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
     (`apply_normed`)."""
-    if type(method) not in OPERANDS:
+    inner = method.format if isinstance(method, QuantizedCopy) else method
+    if type(inner) not in OPERANDS:
         return method
     return SmallRows(method, fuse_norm)

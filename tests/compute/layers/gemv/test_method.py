@@ -148,3 +148,29 @@ def test_a_weights_update_is_multiplied_by_the_kernels(tmp_path) -> None:
         assert [c.token_ids for c in engine.generate(prompts, params)] == want != before
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("fmt", ["wint8", "wint4"])
+def test_an_lm_heads_quantized_copy_multiplies_on_the_kernels(fmt, monkeypatch) -> None:
+    """model.quantize_lm_head on a GPU: the kernels read the copy's operands, not the dense
+    weight the head keeps."""
+    from aioworker.compute.layers.embedding import ParallelLMHead
+    from aioworker.compute.layers.linear_method import process_after_loading
+    from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
+    from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
+    from aioworker.compute.parallel import SINGLE
+
+    inner = QuantizedCopy({"wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}[fmt])
+    method = small_rows(inner)
+    assert isinstance(method, SmallRows)
+    layer = ParallelLMHead(80, 128, SINGLE, method)
+    layer.weight.data = torch.randn(80, 128)
+    process_after_loading(layer)
+    read = []
+    real = product.small_rows_product
+    monkeypatch.setattr(product, "small_rows_product",
+                        lambda x, w, *rest: read.append(w.dtype) or real(x, w, *rest))  # fmt: skip
+    x = torch.randn(1, 128)
+    want = inner.format.apply(inner.copy_of(layer), x)
+    torch.testing.assert_close(layer.compute_logits(x), want, rtol=2e-2, atol=5e-2)
+    assert read and read[0] != torch.float32  # the copy's int8 values or int4 words
