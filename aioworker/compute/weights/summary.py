@@ -50,8 +50,13 @@ def _bytes_held(models: Iterable[nn.Module]) -> int:
 def _weight_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
     yield from model.parameters()
     for layer, _ in methods_in(model):
-        # What a method derives is set as plain attributes (not parameters or buffers).
-        yield from (value for value in vars(layer).values() if isinstance(value, torch.Tensor))
+        # What a method derives is set as plain attributes (not parameters or buffers), or in a
+        # module held so (an LM head's quantized copy) whose tensors are plain attributes too.
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, nn.Module):
+                yield from (t for t in vars(value).values() if isinstance(t, torch.Tensor))
 
 
 def _storage(tensor: torch.Tensor) -> tuple[object, int]:

@@ -78,6 +78,20 @@ def test_weight_only_reads_fewer_bytes_and_holds_its_copies_too(method) -> None:
     assert quantized.bytes_held >= quantized.bytes_read
 
 
+def test_an_lm_heads_quantized_copy_is_held_and_read_in_its_place() -> None:
+    from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
+    from aioworker.compute.layers.quantized.weight_only import WINT8_ON_LOAD
+
+    dense = summarize({"": tiny_model()})
+    model = tiny_model()
+    model.lm_head.linear_method = QuantizedCopy(WINT8_ON_LOAD)
+    process_after_loading(model)
+    copied = summarize({"": model})
+    copy_bytes = VOCAB * HIDDEN + VOCAB * 2  # int8 values and a bf16 scale a row
+    assert copied.bytes_held == dense.bytes_held + copy_bytes
+    assert copied.bytes_read == dense.bytes_read - VOCAB * HIDDEN * 4 + copy_bytes
+
+
 def test_int4_reads_fewer_bytes_than_int8() -> None:
     int8, int4 = summarize({"": tiny_model(WINT8)}), summarize({"": tiny_model(WINT4)})
     assert int4.bytes_read < int8.bytes_read
