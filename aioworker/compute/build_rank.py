@@ -321,7 +321,7 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
     weights = RankWeights(runner, allocate_cache)
     build.report_phase("WARMING")
     runner.capture_graphs()
-    runner.sampler.warm_up(build.model_config.vocab_size)
+    runner.sampler.warm_up(build.model_config.vocab_size, build.dtype)
     return runner, weights, num_blocks
 
 

@@ -48,19 +48,25 @@ class Sampler:
         self.batch_generator = torch.Generator(device=device).manual_seed(seed)
         self.unseeded_keys = random.Random(seed)
         self.draw_rows = None  # the one-pass kernel's entry, where it is used
+        self.argmax_kernel = None  # and the few-rows argmax's module
         if one_pass is None:
             one_pass = device.type == "cuda"
         if one_pass:
-            from aioworker.compute.sampling.sample_kernel import draw_rows  # Triton enters here
+            from aioworker.compute.sampling import argmax_kernel  # Triton enters here
+            from aioworker.compute.sampling.sample_kernel import draw_rows
 
             self.draw_rows = draw_rows
+            self.argmax_kernel = argmax_kernel
 
-    def warm_up(self, vocab_size: int) -> None:
-        """Compile the one-pass kernel now (the rank's WARMING phase), not in the step of the
-        first request that samples."""
+    def warm_up(self, vocab_size: int, dtype: torch.dtype = torch.float32) -> None:
+        """Compile the one-pass kernel and the argmax's now (the rank's WARMING phase), not in
+        the step of the first request that samples. `dtype`: the model's, its logits'."""
         if self.draw_rows is not None:
             zeros = torch.zeros(1, vocab_size, device=self.device)
             self.draw_rows(zeros, torch.zeros(1, dtype=torch.int64, device=self.device))
+            for logits in (zeros, zeros.to(dtype)):  # greedy steps read either as they are
+                if self.argmax_kernel.takes(logits):
+                    self.argmax_kernel.argmax_rows(logits)
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""
@@ -72,12 +78,15 @@ class Sampler:
         """The sampled token ids, and their logprobs where any row asked for them. `logits`: the
         step pipeline's logits stage's output (masks applied). `controls`: the step's rows that
         use logit controls (None where none does)."""
+        k = max(row.sampling.logprobs for row in rows)
+        greedy = all(row.sampling.temperature == 0.0 for row in rows)
+        if greedy and controls is None and k < 0:  # the argmax alone, of the logits as they are
+            return self.greedy(logits), None
         logits = logits.float()
         if controls is not None:
             controls.process_logits(logits)
-        k = max(row.sampling.logprobs for row in rows)
-        if all(row.sampling.temperature == 0.0 for row in rows):
-            token_ids, scaled = logits.argmax(dim=-1), logits  # temperature 1 for logprobs
+        if greedy:
+            token_ids, scaled = self.greedy(logits), logits  # temperature 1 for logprobs
         else:
             temperatures = [row.sampling.temperature or 1.0 for row in rows]
             scaled = logits  # temperature 1 everywhere (GRPO's default) skips a pass
@@ -89,6 +98,14 @@ class Sampler:
         if k < 0:
             return token_ids, None
         return token_ids, token_logprobs(scaled, token_ids, k)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's first maximal token id: by the few-rows kernel where it takes the rows
+        (a decode step of up to 16 on CUDA), else torch. Either dtype: widening is exact."""
+        kernel = self.argmax_kernel
+        if kernel is not None and kernel.takes(logits):
+            return kernel.argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     def _draw(
         self,
