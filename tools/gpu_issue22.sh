@@ -41,8 +41,9 @@
 #                                 (int4g128 keys; commit the table), W4 wint4: groups of 32 (the
 #                                 default) against 128 (model.int4_group)
 #   tools/gpu_issue22.sh head     the quantized engines' GPU tests (a quantized LM head among them),
-#                                 W4 fp8, wint8 and wint4: the defaults against
-#                                 model.quantize_lm_head (the head read from a quantized copy)
+#                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
+#                                 defaults against model.quantize_lm_head (the head read from a
+#                                 quantized copy), an 8B fp8 step's profile with PDL off
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -265,11 +266,18 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
-  head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do
+  head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
+         # the few-rows argmax on the GPU and in an 8B step's profile
     timeout 200 python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu \
       tests/compute/test_gpu_quantization.py > "$out/gpu_tests.log" 2>&1
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/sampling/test_argmax_kernel.py > "$out/argmax_tests.log" 2>&1
     w4 fp8,wint8,wint4 240 h --candidate model.quantize_lm_head=true
+    timeout 80 python3 tools/profile_step.py --model llama-3.1-8b --quantization fp8 \
+      --small-batch-kernels --set device.pdl=false > "$out/profile.log" 2>&1
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
+    echo "== argmax"; tail -1 "$out/argmax_tests.log"
+    echo "== profile (fp8, PDL off)"; grep -E "ms/step|per step|_chunk_maxima|_best_chunk|at::native::reduce" "$out/profile.log" | head -6
     echo "== w4"; tail -8 "$out/w4_h.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
