@@ -61,18 +61,18 @@ METHODS = {"none": UNQUANTIZED, "fp8": FP8, "wint8": Int8OnLoad(), "wint4": Int4
 COPY_TARGET_BYTES = 1 << 30  # the copies of a layer a graph cycles through: well past L2
 
 # (model, projection) -> (output channels, K, gated, formats): W4's goals' models and formats
-# (the LM head stays bf16 in every format).
+# (the LM head is bf16 unless model.quantize_lm_head has the format read a quantized copy).
 SHAPES = {
     ("llama-3.1-8b", "gate_up"): (28672, 4096, True, ("none", "fp8", "wint8", "wint4")),
     ("llama-3.1-8b", "down"): (4096, 14336, False, ("none", "fp8", "wint8", "wint4")),
     ("llama-3.1-8b", "qkv"): (6144, 4096, False, ("none", "fp8", "wint8", "wint4")),
     ("llama-3.1-8b", "o"): (4096, 4096, False, ("none", "fp8", "wint8", "wint4")),
-    ("llama-3.1-8b", "lm_head"): (128256, 4096, False, ("none",)),
+    ("llama-3.1-8b", "lm_head"): (128256, 4096, False, ("none", "fp8", "wint8", "wint4")),
     ("qwen3-0.6b", "gate_up"): (6144, 1024, True, ("none", "wint4")),
     ("qwen3-0.6b", "down"): (1024, 3072, False, ("none", "wint4")),
     ("qwen3-0.6b", "qkv"): (4096, 1024, False, ("none", "wint4")),
     ("qwen3-0.6b", "o"): (1024, 2048, False, ("none", "wint4")),
-    ("qwen3-0.6b", "lm_head"): (151936, 1024, False, ("none",)),
+    ("qwen3-0.6b", "lm_head"): (151936, 1024, False, ("none", "wint4")),
 }
 FLAGS = ("a8", "bits", "fold", "wide_x", "prefetch", "words", "blocks", "pipelined", "ahead")
 SMOKE_SHAPES = {
