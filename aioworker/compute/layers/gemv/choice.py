@@ -9,9 +9,11 @@ left to the wrapped method.
 The table is keyed by shape, weight format, gating and row class (one row, or 2 to 8: the dot
 tiles pad every row count to 16, so 2 to 8 cost the same). int4 in groups of other than 32
 inputs is a format of its own ("int4g128"); where the table has no entry for it, it takes the
-32-input groups' tiles if they multiply its groups (Tiles.int4_misfit), else the rule's. The rule: tensor-core tiles of 64
-channels by 128 of K, and K split until the device has two programs per SM, each slice keeping
-at least 512 of K (a split's partial sums are written and read again once).
+32-input groups' tiles if they multiply its groups (Tiles.int4_misfit), else the rule's.
+
+The rule: tensor-core tiles of 64 channels by 128 of K, and K split until the device has two
+programs per SM, each slice keeping at least 512 of K (a split's partial sums are written and
+read again once).
 """
 
 from __future__ import annotations
