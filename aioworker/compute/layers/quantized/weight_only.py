@@ -3,10 +3,11 @@
 
 - int8: one scale per output channel, as on the CPU; `torch._weight_int8pack_mm`.
 - int4: asymmetric groups of 32 inputs by default (layers/weight_only.py says why 32;
-  model.int4_group: 64 or 128) (w ~ (q - 8) s + z, torch's tinygemm convention), stored plainly as two values a byte ([N, K / 2], high nibble first) with scales
-  and offsets [N, K / G], so a shard's rows load and stage anywhere; after loading, the
-  kernels' own layouts are derived (tinygemm's tiles on CUDA, the CPU kernel's on the CPU, and
-  where the small-rows kernels run, their blocks layout: `pack_int4_blocks`).
+  model.int4_group: 64 or 128), w ~ (q - 8) s + z as torch's tinygemm has it. Stored plainly,
+  two values a byte ([N, K / 2], high nibble first) with scales and offsets [N, K / G], so a
+  shard's rows load and stage anywhere; after loading, the kernels' own layouts are derived
+  (tinygemm's tiles on CUDA, the CPU kernel's on the CPU, and where the small-rows kernels run,
+  their blocks layout: `pack_int4_blocks`).
 
 Both kernels are built for a few rows. Past MAX_KERNEL_ROWS (prefill, large decode batches) the
 weight is dequantized into a bfloat16 scratch and multiplied by the dense GEMM, which then costs
