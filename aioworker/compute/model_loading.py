@@ -79,6 +79,12 @@ def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device
                 f"the checkpoint is already quantized (quantization_config.quant_method "
                 f"{cfg.quant_method!r}); set model.quantization to 'none' to load it as it is"
             )
+        if config.model.quantize_lm_head:
+            raise ConfigError(
+                "model.quantize_lm_head quantizes the LM head with model.quantization's format; "
+                f"this checkpoint is quantized already ({cfg.quant_method!r}) and its LM head "
+                "loads as stored: set it to false"
+            )
         return LinearMethods(checkpoint_method(cfg.quant_method, cfg.quantization_config), dense)
     if quantization == "none":
         return LinearMethods(dense, dense)

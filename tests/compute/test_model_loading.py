@@ -70,6 +70,9 @@ def test_a_slow_gpu_format_is_said_to_be_slow(caplog, kernels: bool, said: str) 
 def test_refusals_name_the_key() -> None:
     with pytest.raises(ConfigError, match="'fp8' needs a GPU with fp8 tensor cores"):
         linear_methods(UNQUANTIZED_CHECKPOINT, config(quantization="fp8"), CPU)
+    quantized = SimpleNamespace(quant_method="compressed-tensors", quantization_config={})
+    with pytest.raises(ConfigError, match="quantize_lm_head .* quantized already"):
+        linear_methods(quantized, config(quantize_lm_head=True), CUDA)
 
 
 @pytest.mark.parametrize("kernels", [False, True])
