@@ -11,9 +11,9 @@ tiles pad every row count to 16, so 2 to 8 cost the same). int4 in groups of oth
 inputs is a format of its own ("int4g128"); where the table has no entry for it, it takes the
 32-input groups' tiles if they multiply its groups (Tiles.int4_misfit), else the rule's.
 
-The rule: tensor-core tiles of 64 channels by 128 of K, and K split until the device has two
-programs per SM, each slice keeping at least 512 of K (a split's partial sums are written and
-read again once).
+The rule: tensor-core tiles of 64 channels by 128 of K (int4: its blocks tiles, INT4_RULE),
+and K split until the device has two programs per SM, each slice keeping at least 512 of K (a
+split's partial sums are written and read again once).
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ INT4_VALUES = {torch.uint8: 2, torch.int32: 8}  # int4 values a stored unit hold
 PROGRAMS_PER_SM = 2
 MIN_K_PER_SPLIT = 512
 MISSING = object()  # table_entry: the table names no such key
+# int4 shapes the table does not name (other models, the LM heads' quantized copies) get the
+# blocks tiles every Llama-3.1-8B int4 product chose in the sweeps (H200 and H100, 2026-12-05
+# and 06): at one row FMA tiles of 64 x 256 with 2 warps, at 2-8 rows tensor-core tiles of
+# 128 x 256 in one stage. The plain tensor-core tiles lost to tinygemm on every one of them.
+INT4_RULE = {
+    True: Tiles(dot=False, block_n=64, block_k=256, num_warps=2, num_stages=4, blocks=True),
+    False: Tiles(dot=True, block_n=128, block_k=256, num_warps=4, num_stages=1, blocks=True),
+}
 
 
 def format_of(weight_dtype: torch.dtype, int4_group: int = 0) -> str:
@@ -86,8 +94,13 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def rule_tiles(channels: int, depth: int, gated: bool, sms: int) -> Tiles:
+def rule_tiles(
+    channels: int, depth: int, gated: bool, sms: int, fmt: str = "dense", rows_class: int = 2
+) -> Tiles:
+    """The rule's tiles; for int4, its blocks tiles (`INT4_RULE`)."""
     tiles = Tiles(dot=True, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    if fmt.startswith("int4"):
+        tiles = INT4_RULE[rows_class == 1]
     output_tiles = -(-(channels // 2 if gated else channels) // tiles.block_n)
     splits = 1
     while (
@@ -118,11 +131,12 @@ def _choose(
     rows_class: int, channels: int, depth: int, fmt: str, gated: bool, sms: int, int4_group: int
 ) -> Tiles | None:
     tuned = table_entry(rows_class, channels, depth, fmt, gated, int4_group)
-    if tuned is MISSING:
+    if tuned is not MISSING and (tuned is None or tuned.dot or rows_class == 1):
+        return tuned  # (FMA tiles take one row only)
+    rule = rule_tiles(channels, depth, gated, sms, fmt, rows_class)
+    if fmt.startswith("int4") and rule.int4_misfit(int4_group or INT4_GROUP):
         return rule_tiles(channels, depth, gated, sms)
-    if tuned is not None and not tuned.dot and rows_class != 1:
-        return rule_tiles(channels, depth, gated, sms)  # FMA tiles take one row only
-    return tuned
+    return rule
 
 
 def tiles_for(rows: int, weight: torch.Tensor, gated: bool, int4_group: int = 0) -> Tiles | None:

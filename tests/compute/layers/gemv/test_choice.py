@@ -104,7 +104,9 @@ def test_an_int4_group_of_its_own_takes_its_entry_else_32s_where_those_tiles_fit
     assert choice.tiles_for(8, o, False, 32) == Tiles(**own)
     # 32's FMA tiles step 64 of K: not whole groups of 128, so the rule's tiles instead
     assert choice.tiles_for(1, qkv, False, 32) == Tiles(**fma_64)
-    assert choice.tiles_for(1, qkv, False, 128) == choice.rule_tiles(6144, 4096, False, 132)
+    assert choice.tiles_for(1, qkv, False, 128) == choice.rule_tiles(
+        6144, 4096, False, 132, "int4g128", 1
+    )
     assert choice.tiles_for(8, qkv, False, 128) is None  # torch's product, as measured for 32
     assert choice.format_of(torch.uint8, 128) == "int4g128"
     assert choice.format_of(torch.uint8, 32) == choice.format_of(torch.int32) == "int4"
@@ -124,3 +126,17 @@ def test_an_int4_group_of_its_own_takes_its_entry_else_32s_where_those_tiles_fit
 def test_int4_misfit_names_why_tiles_cannot_take_a_group(tiles, group, misfit) -> None:
     found = tiles.int4_misfit(group)
     assert found is None if misfit is None else misfit in found
+
+
+def test_the_rule_gives_int4_its_blocks_tiles_where_they_take_the_groups(table) -> None:
+    table({})
+    head = torch.empty(151936, 1024 // 8, dtype=torch.int32)  # an LM head's quantized copy
+    one, few = choice.tiles_for(1, head, False, 32), choice.tiles_for(4, head, False, 32)
+    assert one == Tiles(False, 64, 256, 1, num_warps=2, num_stages=4, blocks=True)
+    assert few == Tiles(True, 128, 256, 1, num_warps=4, num_stages=1, blocks=True)
+    o = torch.empty(4096, 4096 // 2, dtype=torch.uint8)
+    assert choice.tiles_for(1, o, False, 128).splits == 8  # the split rule as for bf16
+    # groups of 16 are no whole blocks of 32: the plain tensor-core rule
+    assert choice.tiles_for(1, o, False, 16) == choice.rule_tiles(4096, 4096, False, 132)
+    bf16 = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    assert not choice.tiles_for(1, bf16, False).blocks
