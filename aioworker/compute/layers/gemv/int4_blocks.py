@@ -87,7 +87,16 @@ def blocks_operands(
     # [rows, blocks, 4] pointer tensor, Triton 3.6 gave each thread one row and every block)
     units = (k0 // BLOCK) * 4 + tl.arange(0, BLOCK_K // 8)  # a block's 4 words: 16 bytes aligned
     words_at = w_rows[:, None] * stride_w + units[None, :]
-    if EVEN_K:
+    if EVEN_K and INT4_GROUP > BLOCK and BLOCK_K >= INT4_GROUP:
+        # a group spans several blocks: each group's scale loaded once, then spread over its
+        # blocks (a load per block would repeat the address arithmetic of each)
+        GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
+        groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
+        group_at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+        words = tl.load(w_ptr + words_at)
+        s = _spread(tl.load(group_scale_ptr + group_at), INT4_GROUP // BLOCK)
+        o = _spread(tl.load(group_offset_ptr + group_at), INT4_GROUP // BLOCK)
+    elif EVEN_K:
         words = tl.load(w_ptr + words_at)
         s = tl.load(group_scale_ptr + at)
         o = tl.load(group_offset_ptr + at)
@@ -132,6 +141,15 @@ def int4_block_step(
     signed_sums = (tl.sum(sums, axis=2) - (SLOT_A_OFFSET + 8.0) * x_a_total
                    - (SLOT_B_OFFSET + 8.0) * x_b_total)  # fmt: skip
     return acc + signed_sums * s.to(tl.float32) + o.to(tl.float32) * (x_a_total + x_b_total)
+
+
+@triton.jit
+def _spread(per_group, BLOCKS_A_GROUP: tl.constexpr):
+    """[rows, groups] -> [rows, groups * BLOCKS_A_GROUP]: each group's value for its blocks."""
+    rows: tl.constexpr = per_group.shape[0]
+    groups: tl.constexpr = per_group.shape[1]
+    spread = tl.broadcast_to(per_group[:, :, None], (rows, groups, BLOCKS_A_GROUP))
+    return tl.reshape(spread, (rows, groups * BLOCKS_A_GROUP))
 
 
 @triton.jit

@@ -198,8 +198,15 @@ def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
     scales, offsets = scales_and_offsets[..., 0].t(), scales_and_offsets[..., 1].t()
     want = reference(x := torch.randn(1, 512, generator=g),
                      dequantize_int4_values(values, scales, offsets))  # fmt: skip
+    # a step of half a group, of one group, and of two (each group's scales loaded once and
+    # spread over its four blocks), also read a step ahead
     for tiles in (Tiles(dot=False, blocks=True, block_n=16, block_k=64, splits=2),
-                  Tiles(blocks=True, block_n=16, block_k=64, splits=2)):  # fmt: skip
+                  Tiles(blocks=True, block_n=16, block_k=64, splits=2),
+                  Tiles(dot=False, blocks=True, block_n=16, block_k=128),
+                  Tiles(dot=False, blocks=True, block_n=16, block_k=256, splits=2),
+                  Tiles(dot=False, blocks=True, block_n=16, block_k=128, ahead=True),
+                  Tiles(blocks=True, block_n=16, block_k=256, num_stages=1),
+                  Tiles(blocks=True, block_n=16, block_k=128, ahead=True)):  # fmt: skip
         got = small_rows_product(x.to(DEVICE), pack_int4_blocks(values).to(DEVICE), tiles,
                                  int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
