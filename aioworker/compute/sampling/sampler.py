@@ -119,7 +119,7 @@ class Sampler:
         is_greedy = [row.sampling.temperature == 0.0 for row in rows]
         if not any(is_greedy):
             return sampled_ids
-        return torch.where(to_device(logits.device, is_greedy), logits.argmax(dim=-1), sampled_ids)
+        return torch.where(to_device(logits.device, is_greedy), self.greedy(logits), sampled_ids)
 
     @staticmethod
     def truncate(

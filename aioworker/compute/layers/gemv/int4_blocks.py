@@ -87,19 +87,18 @@ def blocks_operands(
     # [rows, blocks, 4] pointer tensor, Triton 3.6 gave each thread one row and every block)
     units = (k0 // BLOCK) * 4 + tl.arange(0, BLOCK_K // 8)  # a block's 4 words: 16 bytes aligned
     words_at = w_rows[:, None] * stride_w + units[None, :]
-    if EVEN_K and INT4_GROUP > BLOCK and BLOCK_K >= INT4_GROUP:
-        # a group spans several blocks: each group's scale loaded once, then spread over its
-        # blocks (a load per block would repeat the address arithmetic of each)
-        GROUPS: tl.constexpr = BLOCK_K // INT4_GROUP
-        groups = k0 // INT4_GROUP + tl.arange(0, GROUPS)
-        group_at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+    if EVEN_K:
         words = tl.load(w_ptr + words_at)
-        s = _spread(tl.load(group_scale_ptr + group_at), INT4_GROUP // BLOCK)
-        o = _spread(tl.load(group_offset_ptr + group_at), INT4_GROUP // BLOCK)
-    elif EVEN_K:
-        words = tl.load(w_ptr + words_at)
-        s = tl.load(group_scale_ptr + at)
-        o = tl.load(group_offset_ptr + at)
+        if INT4_GROUP > BLOCK and BLOCK_K >= INT4_GROUP:
+            # whole groups of several blocks: each group's scale loaded once, then spread over
+            # its blocks (a load per block would repeat the address arithmetic of each)
+            groups = k0 // INT4_GROUP + tl.arange(0, BLOCK_K // INT4_GROUP)
+            group_at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+            s = _spread(tl.load(group_scale_ptr + group_at), INT4_GROUP // BLOCK)
+            o = _spread(tl.load(group_offset_ptr + group_at), INT4_GROUP // BLOCK)
+        else:
+            s = tl.load(group_scale_ptr + at)
+            o = tl.load(group_offset_ptr + at)
     else:  # a split may pass K
         group_mask = (blocks < depth // BLOCK)[None, :]
         words = tl.load(w_ptr + words_at, mask=(units < depth // 8)[None, :], other=0)
