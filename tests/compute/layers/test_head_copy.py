@@ -92,3 +92,20 @@ def test_a_tied_embedding_keeps_looking_up_dense_rows() -> None:
     tokens = torch.tensor([0, 5, 95])
     assert torch.equal(embedding(tokens), embedding.weight.data[tokens])
     assert layer.linear_method.copy_of(layer).weight.dtype == torch.int8
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
+def test_a_tensor_parallel_shards_copy_is_the_whole_copys_rows(fmt) -> None:
+    """Vocabulary-parallel heads: each rank quantizes its own rows (per-row scales, groups
+    along the hidden size), so the shards' copies together are the whole head's copy."""
+    from aioworker.compute.parallel import TensorParallel
+
+    whole = head(fmt)
+    process_after_loading(whole)
+    shards = []
+    for rank in range(2):
+        shard = ParallelLMHead(VOCAB, HIDDEN, TensorParallel(rank, 2), QuantizedCopy(fmt))
+        shard.weight.data = whole.weight.data[rank * VOCAB // 2 : (rank + 1) * VOCAB // 2].clone()
+        process_after_loading(shard)
+        shards.append(dequantized(shard.linear_method.copy_of(shard)))
+    assert torch.equal(torch.cat(shards), dequantized(whole.linear_method.copy_of(whole)))
