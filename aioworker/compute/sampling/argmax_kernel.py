@@ -6,9 +6,11 @@ the 8B's 128,256 logits (tools/profile_step.py, docs/benchmarks.md), about 1% of
 a row is read by ~128 programs at once. Ties go to the lowest token id, as torch's argmax breaks
 them: within a chunk tl.argmax takes the first of equal values, and across chunks the second
 launch takes the first chunk holding the maximum. The logits are read as they are (bf16, fp16
-or float32): widening is exact, so their argmax is the float32 argmax. NaN logits are not
-ordered as torch orders them (it returns the first NaN); a model that makes them is broken
-either way.
+or float32): widening is exact, so their argmax is the float32 argmax. NaN is ordered as torch
+orders it, above everything: a row holding one gets its first NaN's id. A model that makes NaN is
+broken either way, but the id must stay a token: the first version left NaN to the comparisons,
+and a row of NaN logits got an id past the vocabulary (a masked lane's), which the next step's
+embedding lookup failed on with a device-side assert.
 """
 
 from __future__ import annotations
@@ -23,13 +25,25 @@ MIN_VOCAB = 4 * CHUNK  # a row shorter than this is one block's work anyway
 
 
 @triton.jit
+def _first_max(x, AXIS: tl.constexpr):
+    """(the maximum of x along AXIS, its first index), NaN above everything, as torch's argmax
+    has it: where x holds a NaN, (NaN, the first NaN's index)."""
+    nan = x != x
+    any_nan = tl.max(nan.to(tl.int32), AXIS) > 0
+    first_nan = tl.argmax(nan.to(tl.int32), AXIS)  # ties go to the first index
+    ordered = tl.where(nan, float("-inf"), x)
+    best = tl.where(any_nan, float("nan"), tl.max(ordered, AXIS))
+    return best, tl.where(any_nan, first_nan, tl.argmax(ordered, AXIS))
+
+
+@triton.jit
 def _chunk_maxima(x_ptr, stride_row, vocab, best_ptr, where_ptr, chunks, CHUNK: tl.constexpr):
     row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(x_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf"))
-    x = x.to(tl.float32)
-    tl.store(best_ptr + row * chunks + chunk, tl.max(x, 0))
-    tl.store(where_ptr + row * chunks + chunk, chunk * CHUNK + tl.argmax(x, 0).to(tl.int32))
+    best, first = _first_max(x.to(tl.float32), 0)
+    tl.store(best_ptr + row * chunks + chunk, best)
+    tl.store(where_ptr + row * chunks + chunk, chunk * CHUNK + first.to(tl.int32))
 
 
 @triton.jit
@@ -37,7 +51,7 @@ def _best_chunk(best_ptr, where_ptr, chunks, out_ptr, CHUNKS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, CHUNKS)
     best = tl.load(best_ptr + row * chunks + lanes, mask=lanes < chunks, other=float("-inf"))
-    first = tl.argmax(best, 0)
+    _, first = _first_max(best, 0)
     tl.store(out_ptr + row, tl.load(where_ptr + row * chunks + first).to(tl.int64))
 
 

@@ -46,6 +46,22 @@ def test_ties_go_to_the_lowest_token_id(places) -> None:
     assert got == [min(places), places[-1]] == logits.argmax(dim=-1).tolist()
 
 
+def test_nan_is_above_everything_as_torch_has_it_and_every_id_is_a_token() -> None:
+    """A broken model's NaN logits: the first NaN's id, as torch's argmax gives. A row of NaN
+    only once got an id past the vocabulary, which the next step's embedding lookup failed on."""
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(1))
+    logits[0, [4 * CHUNK + 3, CHUNK + 8]] = float("nan")  # across chunks
+    logits[1, [VOCAB - 1]] = float("nan")  # in the ragged tail
+    logits[1, 7] = float("inf")
+    logits[2] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, [2 * CHUNK + 600, 2 * CHUNK + 5]] = float("nan")  # within a chunk
+    for dtype in (torch.float32, torch.bfloat16):
+        got = argmax_rows(logits.to(dtype).to(DEVICE)).cpu().tolist()
+        assert got == [CHUNK + 8, VOCAB - 1, 0, 0, 2 * CHUNK + 5]
+        assert got == logits.to(dtype).argmax(dim=-1).tolist()
+
+
 def test_it_takes_a_few_long_contiguous_rows_only() -> None:
     assert takes(torch.empty(16, VOCAB)) and not takes(torch.empty(17, VOCAB))
     assert not takes(torch.empty(1, 4 * CHUNK - 1)) and not takes(torch.empty(VOCAB, 2).t())

@@ -331,7 +331,7 @@ def dequantized_values(layer) -> torch.Tensor:
     return layer.weight.float() * layer.weight_scale.float()[:, None]
 
 
-def blocks_tiles(rows, weight, gated):
+def blocks_tiles(rows, weight, gated, int4_group=0):
     """int4's blocks layout for every product: FMA tiles at one row, tensor cores above."""
     from aioworker.compute.layers.gemv.tiles import Tiles
 

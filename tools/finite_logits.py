@@ -1,0 +1,87 @@
+"""On the GPU machine: whether a model's logits stay finite through a prefill and a few greedy
+decode steps, and in the prefill (eager: hooks run) the first decoder layer whose output is not.
+A broken kernel shows as NaN long before it shows in a benchmark's timing.
+
+    python tools/finite_logits.py [--model llama-3.1-8b] [--quantization wint8] [--tokens 8]
+        [--set device.small_batch_kernels=false ...]
+
+Prints one line a sampled step (rows, finite or how many NaN and inf) and a verdict last; exits 1
+where any step's logits were not finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+import torch
+
+from aioworker.bench.gpu import MODELS, make_engine, random_prompt
+from aioworker.cli.common import parse_settings
+from aioworker.core.sampling_params import SamplingParams
+
+
+def first_output(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def capturing(tensor: torch.Tensor) -> bool:
+    """A graph capture runs the hooks too, where a sync is forbidden."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def watch_layers(model, seen: list[str]) -> None:
+    """Record the first decoder layer (eager forward) whose output holds a non-finite value."""
+    for index, layer in enumerate(model.model.layers):
+
+        def hook(module, inputs, output, index=index):
+            hidden = first_output(output)
+            if seen or not torch.is_tensor(hidden) or capturing(hidden):
+                return
+            if not bool(torch.isfinite(hidden).all()):
+                seen.append(f"layer {index} ({type(module).__name__})")
+
+        layer.register_forward_hook(hook)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key"
+    )
+    args = parser.parse_args()
+    settings = {"model.quantization": args.quantization, "device.max_capture_batch_size": 16}
+    engine = make_engine(MODELS / args.model, 4096, **settings, **parse_settings(args.set, "--set"))
+    runner = engine.executor.runner
+    seen: list[str] = []
+    watch_layers(runner.model, seen)
+    steps: list[tuple[int, int, int]] = []
+    sample = runner.sampler.sample
+
+    def checked(logits, rows, controls=None):
+        nan, inf = int(torch.isnan(logits).sum()), int(torch.isinf(logits).sum())
+        steps.append((logits.shape[0], nan, inf))
+        return sample(logits, rows, controls)
+
+    runner.sampler.sample = checked
+    prompt = random_prompt(1024, 10000, random.Random(4))
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    tokens = engine.generate([prompt], params)[0].token_ids
+    for index, (rows, nan, inf) in enumerate(steps):
+        print(f"step {index}: {rows} row(s), {nan} NaN, {inf} inf")
+    broken = [s for s in steps if s[1] or s[2]]
+    print(f"tokens: {list(tokens)}")
+    print(
+        f"{args.model} {args.quantization} {args.set}: "
+        + ("FINITE" if not broken else f"NOT FINITE in {len(broken)} of {len(steps)} steps")
+        + (f"; first non-finite prefill output: {seen[0]}" if seen else "")
+    )
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
