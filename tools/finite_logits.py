@@ -1,6 +1,7 @@
 """On the GPU machine: whether a model's logits stay finite through a prefill and a few greedy
 decode steps, and in the prefill (eager: hooks run) the first decoder layer whose output is not.
-A broken kernel shows as NaN long before it shows in a benchmark's timing.
+A broken kernel shows as NaN long before it shows in a benchmark's timing. With
+device.cuda_graphs=false the decode steps are eager too, so the hooks see them.
 
     python tools/finite_logits.py [--model llama-3.1-8b] [--quantization wint8] [--tokens 8]
         [--set device.small_batch_kernels=false ...]
@@ -32,15 +33,20 @@ def capturing(tensor: torch.Tensor) -> bool:
 
 
 def watch_layers(model, seen: list[str]) -> None:
-    """Record the first decoder layer (eager forward) whose output holds a non-finite value."""
+    """Record the first decoder layer whose output holds a non-finite value, in eager forwards
+    (a graph's replays run no hooks): which forward (0: the prefill) and which layer."""
+    forwards = [0]
     for index, layer in enumerate(model.model.layers):
 
         def hook(module, inputs, output, index=index):
             hidden = first_output(output)
-            if seen or not torch.is_tensor(hidden) or capturing(hidden):
+            if not torch.is_tensor(hidden) or capturing(hidden):
                 return
-            if not bool(torch.isfinite(hidden).all()):
-                seen.append(f"layer {index} ({type(module).__name__})")
+            if index == len(model.model.layers) - 1:
+                forwards[0] += 1
+            if not seen and not bool(torch.isfinite(hidden).all()):
+                rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
+                seen.append(f"forward {forwards[0]} ({rows} rows), layer {index}")
 
         layer.register_forward_hook(hook)
 
@@ -78,7 +84,7 @@ def main() -> int:
     print(
         f"{args.model} {args.quantization} {args.set}: "
         + ("FINITE" if not broken else f"NOT FINITE in {len(broken)} of {len(steps)} steps")
-        + (f"; first non-finite prefill output: {seen[0]}" if seen else "")
+        + (f"; first non-finite layer output: {seen[0]}" if seen else "")
     )
     return 1 if broken else 0
 
