@@ -172,6 +172,21 @@ def test_dummy_weights_are_quantized_dense_draws(method) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS, ids=method_id)
+def test_dummy_weights_reach_a_format_wrapped_for_the_small_rows_kernels(method) -> None:
+    """On a GPU the formats are wrapped for decode's kernels (gemv SmallRows). The wrapper once
+    hid `fill_dummy`, so a dummy load left the quantized weights as torch.empty had them: W4's
+    wint8 and wint4 engines were NaN from their first layer."""
+    from aioworker.compute.layers.gemv.method import SmallRows
+
+    plain, wrapped = merged_layer(method), merged_layer(SmallRows(method))
+    init_dummy_weights(plain, seed=3)
+    init_dummy_weights(wrapped, seed=3)
+    drawn = dict(plain.named_parameters())
+    for name, param in wrapped.named_parameters():
+        assert torch.equal(param, drawn[name]), name
+
+
+@pytest.mark.parametrize("method", METHODS, ids=method_id)
 def test_a_staged_update_is_quantized_and_committed_in_place(method) -> None:
     module = merged_layer(method)
     load_parts(module, dense_parts(0))

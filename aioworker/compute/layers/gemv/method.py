@@ -112,6 +112,14 @@ class SmallRows:
     def drop_derived(self, layer: nn.Module) -> None:
         self.inner.drop_derived(layer)
 
+    def fill_dummy(self, layer: nn.Module, fill: Callable[[torch.Tensor], None]) -> None:
+        """Random weights (model.load_format 'dummy') as the wrapped format makes them. Without
+        this the loader found no `fill_dummy` here and left a format's quantized weights as
+        torch.empty had them: W4's wint8 and wint4 engines ran on NaN from the first layer."""
+        fill_dummy = getattr(self.inner, "fill_dummy", None)
+        if fill_dummy is not None:  # dense formats' parameters are filled directly
+            fill_dummy(layer, fill)
+
     def weight_bytes(self, layer: nn.Module) -> int:
         return self.inner.weight_bytes(layer)
 
