@@ -51,9 +51,14 @@ def _shifts(device: torch.device) -> torch.Tensor:
 def logits_stage(
     logits: torch.Tensor, rows: list[SampleRow], masks: RefusedTokens | None = None
 ) -> torch.Tensor:
-    """logits [S, V] of the sampled rows -> float32 logits ready for the sampler."""
+    """logits [S, V] of the sampled rows -> logits ready for the sampler: float32 where a mask
+    is written into them, else as the head made them (the sampler and verify widen them where
+    they compute on them; a greedy step's argmax reads them as they are, with no float32 pass)."""
+    grammar = masks is not None and bool(masks.rows)
+    if not grammar and not any(_stops_masked(row) for row in rows):
+        return logits
     logits = logits.float()
-    if masks is not None and masks.rows:
+    if grammar:
         apply_grammar_masks(logits, masks)
     mask_stop_tokens(logits, rows)
     return logits
@@ -69,11 +74,16 @@ def apply_grammar_masks(logits: torch.Tensor, masks: RefusedTokens) -> None:
         logits[row].masked_fill_(refused[i], float("-inf"))
 
 
+def _stops_masked(row: SampleRow) -> bool:
+    """Whether the row's stop tokens are masked this step: until it has min_tokens outputs."""
+    return row.num_output_tokens < row.sampling.min_tokens and bool(row.sampling.stop_token_ids)
+
+
 def mask_stop_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     """In place: -inf on a row's stop tokens until it has min_tokens outputs; a guided row
     keeps them where its grammar allows nothing else (the grammar has ended)."""
     for i, row in enumerate(rows):
-        if row.num_output_tokens < row.sampling.min_tokens and row.sampling.stop_token_ids:
+        if _stops_masked(row):
             stops = to_device(logits.device, row.sampling.stop_token_ids)
             if not row.sampling.guided:
                 logits[i, stops] = float("-inf")

@@ -1,4 +1,5 @@
-"""The logits stage: min_tokens and grammar masks, in float32, before any draw."""
+"""The logits stage: min_tokens and grammar masks, in float32, before any draw; with nothing to
+mask, the logits as the head made them."""
 
 import numpy as np
 import torch
@@ -18,6 +19,18 @@ def test_stop_tokens_are_masked_until_min_tokens_is_reached() -> None:
     assert staged.dtype == torch.float32
     assert staged.argmax(dim=-1).tolist()[0] != 3 and staged[0, 3] == float("-inf")
     assert staged.argmax(dim=-1).tolist()[1] == 3
+
+
+def test_with_nothing_to_mask_the_logits_pass_as_the_head_made_them() -> None:
+    """No float32 pass for a step that masks nothing: a greedy step's argmax reads bf16 as it is
+    (exact), and the sampler widens what it computes on."""
+    logits = torch.randn(2, 10).bfloat16()
+    settings = SamplingSettings(0.0, 0, 1.0, None, min_tokens=4, stop_token_ids=[3])
+    done = SampleRow(settings, 10, 4)  # min_tokens reached: its stops are not masked
+    free = SampleRow(SamplingSettings(0.0, 0, 1.0, None, min_tokens=4, stop_token_ids=[]), 5, 0)
+    assert logits_stage(logits, [done, free]) is logits
+    masks = StepMasks(0, [], bitmask(10, []))
+    assert logits_stage(logits, [done], refused_tokens(masks, logits.device, 10)) is logits
 
 
 def bitmask(num_tokens: int, allowed: list[list[int]]) -> np.ndarray:
