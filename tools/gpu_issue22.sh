@@ -44,6 +44,9 @@
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
 #                                 defaults against model.quantize_lm_head (the head read from a
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
+#   tools/gpu_issue22.sh mend     the argmax's tests, whether wint8's logits stay finite
+#                                 (tools/finite_logits.py), W4 with a quantized head and with
+#                                 groups of 128 against the defaults
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
