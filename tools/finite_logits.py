@@ -18,9 +18,9 @@ import sys
 
 import torch
 
+from aioworker.bench.finite import greedy_step_logits
 from aioworker.bench.gpu import MODELS, make_engine, random_prompt
 from aioworker.cli.common import parse_settings
-from aioworker.core.sampling_params import SamplingParams
 
 
 def first_output(output):
@@ -62,25 +62,13 @@ def main() -> int:
     args = parser.parse_args()
     settings = {"model.quantization": args.quantization, "device.max_capture_batch_size": 16}
     engine = make_engine(MODELS / args.model, 4096, **settings, **parse_settings(args.set, "--set"))
-    runner = engine.executor.runner
     seen: list[str] = []
-    watch_layers(runner.model, seen)
-    steps: list[tuple[int, int, int]] = []
-    sample = runner.sampler.sample
-
-    def checked(logits, rows, controls=None):
-        nan, inf = int(torch.isnan(logits).sum()), int(torch.isinf(logits).sum())
-        steps.append((logits.shape[0], nan, inf))
-        return sample(logits, rows, controls)
-
-    runner.sampler.sample = checked
+    watch_layers(engine.executor.runner.model, seen)
     prompt = random_prompt(1024, 10000, random.Random(4))
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    tokens = engine.generate([prompt], params)[0].token_ids
-    for index, (rows, nan, inf) in enumerate(steps):
-        print(f"step {index}: {rows} row(s), {nan} NaN, {inf} inf")
-    broken = [s for s in steps if s[1] or s[2]]
-    print(f"tokens: {list(tokens)}")
+    steps = greedy_step_logits(engine, prompt, args.tokens)
+    for index, step in enumerate(steps):
+        print(f"step {index}: {step.rows} row(s), {step.nan} NaN, {step.inf} inf")
+    broken = [step for step in steps if not step.finite]
     print(
         f"{args.model} {args.quantization} {args.set}: "
         + ("FINITE" if not broken else f"NOT FINITE in {len(broken)} of {len(steps)} steps")

@@ -7,14 +7,16 @@ a feature not yet on by default is measured on and off.
 
 Each engine loads alone (the previous one freed): dummy weights at configs/models/ shapes,
 quantized while loading for a quantized format, CUDA graphs on (captured up to 16 rows: W4 runs
-no larger batch), the whole token through the worker's own path.
+no larger batch), the whole token through the worker's own path. Each engine's logits are
+checked finite first (bench/finite.py): a broken engine times like a working one.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from aioworker.bench import gpu, gpu_reference
+from aioworker.bench import finite, gpu, gpu_reference
 from aioworker.bench.report import format_table
 from aioworker.checkpoint.model_config import load_model_config
 from aioworker.compute.layers.linear_method import weight_bytes
@@ -41,6 +43,8 @@ def measure(model_dir: Path, fmt: str, settings: dict) -> tuple[int, float, floa
         **{"model.quantization": fmt, "device.max_capture_batch_size": 16, **settings},
     )
     read = weight_bytes(engine.executor.runner.model)
+    prompt = gpu.random_prompt(64, min(cfg.vocab_size, 10000), random.Random(0))
+    finite.require_finite(engine, prompt, f"W4 {model_dir.name} {fmt} {settings or 'defaults'}")
     batch_1 = gpu.w4_ms_per_token(engine, cfg.vocab_size)
     batch_8 = gpu.w5_static_batch(engine, 8, cfg.vocab_size).decode_step_ms
     gpu.free(engine)
