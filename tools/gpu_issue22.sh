@@ -47,8 +47,9 @@
 #   tools/gpu_issue22.sh mend     the argmax's tests, whether wint8's logits stay finite
 #                                 (tools/finite_logits.py), W4 with a quantized head and with
 #                                 groups of 128 against the defaults
-#   tools/gpu_issue22.sh kvprefetch  the decode kernel's L2 prefetch (device.prefetch_decode_kv):
-#                                 its GPU test, W4 bf16 and fp8 with it against the defaults
+#   tools/gpu_issue22.sh early    early reads under PDL (device.pdl_early_reads: the decode
+#                                 kernel's L2 prefetch, the norm's weight): their GPU tests, W4
+#                                 bf16 and fp8 with them against the defaults
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -301,11 +302,11 @@ case "${1:-}" in
     echo "== w4 head"; tail -8 "$out/w4_h.log"
     echo "== w4 group 128"; tail -6 "$out/w4_g.log"
     ;;
-  kvprefetch)  # the decode kernel's L2 prefetch under PDL: its GPU test, then W4 bf16 and fp8
-               # (8B and 0.6B) with device.prefetch_decode_kv against the defaults
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
-      tests/compute/test_triton_decode.py > "$out/kv_tests.log" 2>&1
-    w4 none,fp8 200 kv --candidate device.prefetch_decode_kv=true
+  early)  # early reads under PDL: the decode kernel's and the norm's GPU tests, then W4 bf16 and
+          # fp8 (8B and 0.6B) with device.pdl_early_reads against the defaults
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/test_triton_decode.py tests/compute/test_fused.py > "$out/kv_tests.log" 2>&1
+    w4 none,fp8 200 kv --candidate device.pdl_early_reads=true
     echo "== tests"; tail -1 "$out/kv_tests.log"; grep -E "^FAILED|^E  " "$out/kv_tests.log" | head -6
     echo "== w4"; tail -8 "$out/w4_kv.log"
     ;;
@@ -319,6 +320,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|mend|kvprefetch" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|mend|early" >&2; exit 2 ;;
 esac
 exit 0
