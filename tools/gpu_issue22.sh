@@ -47,9 +47,11 @@
 #   tools/gpu_issue22.sh mend     the argmax's tests, whether wint8's logits stay finite
 #                                 (tools/finite_logits.py), W4 with a quantized head and with
 #                                 groups of 128 against the defaults
-#   tools/gpu_issue22.sh early    early reads under PDL (device.pdl_early_reads: the decode
-#                                 kernel's L2 prefetch, the norm's weight): their GPU tests, W4
-#                                 bf16 and fp8 with them against the defaults
+#   tools/gpu_issue22.sh early    two candidates built on the CPU: early reads under PDL
+#                                 (device.pdl_early_reads: the decode kernel's L2 prefetch, the
+#                                 norm's weight) and split sums added by the norm after them
+#                                 (device.fused_reduce_norm): their GPU tests, then W4 bf16 and
+#                                 fp8 with each against the defaults
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -302,13 +304,17 @@ case "${1:-}" in
     echo "== w4 head"; tail -8 "$out/w4_h.log"
     echo "== w4 group 128"; tail -6 "$out/w4_g.log"
     ;;
-  early)  # early reads under PDL: the decode kernel's and the norm's GPU tests, then W4 bf16 and
-          # fp8 (8B and 0.6B) with device.pdl_early_reads against the defaults
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/test_triton_decode.py tests/compute/test_fused.py > "$out/kv_tests.log" 2>&1
-    w4 none,fp8 200 kv --candidate device.pdl_early_reads=true
-    echo "== tests"; tail -1 "$out/kv_tests.log"; grep -E "^FAILED|^E  " "$out/kv_tests.log" | head -6
-    echo "== w4"; tail -8 "$out/w4_kv.log"
+  early)  # the two candidates' GPU tests, then W4 bf16 and fp8 (8B and 0.6B) with each against
+          # the defaults
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/test_triton_decode.py tests/compute/test_fused.py \
+      tests/compute/layers/test_split_sums.py tests/compute/layers/gemv/test_method.py \
+      > "$out/early_tests.log" 2>&1
+    w4 none,fp8 170 kv --candidate device.pdl_early_reads=true
+    w4 none,fp8 170 rn --candidate device.fused_reduce_norm=true
+    echo "== tests"; tail -1 "$out/early_tests.log"; grep -E "^FAILED|^E  " "$out/early_tests.log" | head -6
+    echo "== w4 early reads"; tail -8 "$out/w4_kv.log"
+    echo "== w4 split sums in the norm"; tail -8 "$out/w4_rn.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
