@@ -44,9 +44,6 @@
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
 #                                 defaults against model.quantize_lm_head (the head read from a
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
-#   tools/gpu_issue22.sh mend     the argmax's tests, whether wint8's logits stay finite
-#                                 (tools/finite_logits.py), W4 with a quantized head and with
-#                                 groups of 128 against the defaults
 #   tools/gpu_issue22.sh early    two candidates built on the CPU: early reads under PDL
 #                                 (device.pdl_early_reads: the decode kernel's L2 prefetch, the
 #                                 norm's weight) and split sums added by the norm after them
@@ -288,22 +285,6 @@ case "${1:-}" in
     echo "== profile (fp8, PDL off)"; grep -E "ms/step|per step|_chunk_maxima|_best_chunk|at::native::reduce" "$out/profile.log" | head -6
     echo "== w4"; tail -8 "$out/w4_h.log"
     ;;
-  mend)  # after the head call's crash: the argmax's and the blocks helper's tests, whether
-         # wint8's logits stay finite (kernels on, else off too), W4 fp8, wint8 and wint4 with
-         # the head quantized against the defaults, W4 wint4 in groups of 128 against 32
-    timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/sampling/test_argmax_kernel.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "argmax_kernel or multiply_as_their_dequantized" > "$out/mend_tests.log" 2>&1
-    timeout 90 python3 tools/finite_logits.py --quantization wint8 > "$out/finite_wint8.log" 2>&1 ||
-      timeout 90 python3 tools/finite_logits.py --quantization wint8 \
-        --set device.small_batch_kernels=false > "$out/finite_wint8_off.log" 2>&1
-    w4 fp8,wint8,wint4 220 h --candidate model.quantize_lm_head=true
-    w4 wint4 130 g --candidate model.int4_group=128
-    echo "== tests"; tail -1 "$out/mend_tests.log"; grep -E "^FAILED|^E  " "$out/mend_tests.log" | head -6
-    for f in "$out"/finite_*.log; do echo "== $f"; grep -E "NaN|FINITE|Error" "$f" | tail -4; done
-    echo "== w4 head"; tail -8 "$out/w4_h.log"
-    echo "== w4 group 128"; tail -6 "$out/w4_g.log"
-    ;;
   early)  # the two candidates' GPU tests, then W4 bf16 and fp8 (8B and 0.6B) with each against
           # the defaults
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
@@ -326,6 +307,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|mend|early" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|early" >&2; exit 2 ;;
 esac
 exit 0
