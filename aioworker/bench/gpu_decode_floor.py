@@ -14,6 +14,7 @@ checked finite first (bench/finite.py): a broken engine times like a working one
 from __future__ import annotations
 
 import random
+import statistics
 from pathlib import Path
 
 from aioworker.bench import finite, gpu, gpu_reference
@@ -52,23 +53,54 @@ def measure(model_dir: Path, fmt: str, settings: dict) -> tuple[int, float, floa
     return read, batch_1, batch_8
 
 
+def measure_sides(
+    model_dir: Path, fmt: str, base: dict, other: dict, repeats: int
+) -> tuple[tuple[int, float, float], tuple[int, float, float], str]:
+    """Each side measured `repeats` times, the order alternating (off first, then on first, ...)
+    so that a drift of the machine falls on both: (off, on) as the medians of batch 1's and batch
+    8's times, and the runs' batch-1 times for the notes ('' for one run)."""
+    runs: dict[bool, list[tuple[int, float, float]]] = {False: [], True: []}
+    for repeat in range(repeats):
+        for side in (False, True) if repeat % 2 == 0 else (True, False):
+            runs[side].append(measure(model_dir, fmt, other if side else base))
+
+    def median(side: bool) -> tuple[int, float, float]:
+        done = runs[side]
+        return (
+            done[0][0],
+            statistics.median(r[1] for r in done),
+            statistics.median(r[2] for r in done),
+        )
+
+    listed = ""
+    if repeats > 1:
+        listed = "{} {}: {}".format(
+            model_dir.name, fmt,
+            "; ".join(" ".join(f"{r[1]:.3f}" for r in runs[side]) for side in (False, True)),
+        )  # fmt: skip
+    return median(False), median(True), listed
+
+
 def run(
     limits: gpu.Limits,
     with_reference: bool,
     formats: tuple[str, ...],
     candidate: dict | None = None,
+    models: tuple[str, ...] | None = None,
+    repeats: int = 1,
 ) -> tuple[str, str]:
-    """Rows for the (model, format) pairs of GOALS_MS whose format is in `formats`: the kernels
-    off against on, or with `candidate`, the defaults against the defaults with its settings."""
+    """Rows for the (model, format) pairs of GOALS_MS whose format is in `formats` (and whose
+    model directory's name is in `models`, where given): the kernels off against on, or with
+    `candidate`, the defaults against the defaults with its settings; `repeats` runs a side."""
     base, other = ({"device.small_batch_kernels": False}, {"device.small_batch_kernels": True})
     if candidate:
         base, other = {}, candidate
-    rows = []
+    rows, runs = [], []
     for (model_dir, fmt), goal in GOALS_MS.items():
-        if fmt not in formats:
+        if fmt not in formats or (models is not None and model_dir.name not in models):
             continue
-        off = measure(model_dir, fmt, base)
-        on = measure(model_dir, fmt, other)
+        off, on, listed = measure_sides(model_dir, fmt, base, other, repeats)
+        runs += [listed] if listed else []
         floor_ms = on[0] / limits.copy_bytes_per_s * 1000
         reference = "-"
         if with_reference and fmt == "none":
@@ -83,11 +115,15 @@ def run(
             f"{floor_ms:.3f}", f"{on[1] / floor_ms:.2f}x", f"<= {goal}",
             f"{off[2] / off[1]:.2f} / {on[2] / on[1]:.2f} (<= {BATCH_8_GOAL})", reference,
         ])  # fmt: skip
-    header, notes = _header_and_notes(limits, candidate)
+    header, notes = _header_and_notes(limits, candidate, repeats)
+    if runs:
+        notes += " Batch 1's runs (ms/token; off, then on): " + ", ".join(runs) + "."
     return format_table(header, rows), notes
 
 
-def _header_and_notes(limits: gpu.Limits, candidate: dict | None) -> tuple[list[str], str]:
+def _header_and_notes(
+    limits: gpu.Limits, candidate: dict | None, repeats: int
+) -> tuple[list[str], str]:
     off_name, on_name = (
         ("kernels off", "kernels on") if not candidate else ("defaults", "candidate")
     )
@@ -114,6 +150,11 @@ def _header_and_notes(limits: gpu.Limits, candidate: dict | None) -> tuple[list[
         f"{compared} Floor: the "
         "format's weight bytes read per step (linear layers and LM head) / the copy bandwidth "
         f"measured in this run ({limits.copy_bytes_per_s / 1e12:.2f} TB/s). Batch 8: W5's "
-        "static batch of 8 x 1024-token prompts, the median decode step. One run each, off first."
+        "static batch of 8 x 1024-token prompts, the median decode step. "
+        + (
+            "One run each, off first."
+            if repeats == 1
+            else f"{repeats} runs each in alternating order (off first, then on first), medians."
+        )
     )
     return header, notes

@@ -4,6 +4,7 @@ optionally append it, dated, to docs/benchmarks.md."""
 from __future__ import annotations
 
 import argparse
+from typing import NamedTuple
 
 from aioworker.cli.common import add_config_arguments, config_from_args, fail, parse_settings
 from aioworker.config import ConfigError
@@ -34,6 +35,17 @@ WORKLOAD_HELP = (
     "model's experts split across two CPU ranks both ways (expert_parallel_size 1 and 2)"
 )
 W4_FORMATS = ("none", "fp8", "wint8", "wint4")
+W4_MODELS = ("llama-3.1-8b", "qwen3-0.6b")  # configs/models/ directories W4 measures
+
+
+class W4Choice(NamedTuple):
+    """What W4 measures: formats, models (configs/models/ names), runs a side."""
+
+    formats: tuple[str, ...]
+    models: tuple[str, ...]
+    repeats: int
+
+
 ALONE = ("control", "api", "chat", "serve", "spec", "quant", "guided", "ep")
 
 
@@ -59,6 +71,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(W4_FORMATS),
         metavar="LIST",
         help="GPU workload w4: the weight formats to measure, comma-separated (default: all four)",
+    )
+    parser.add_argument(
+        "--w4-models",
+        default="",
+        metavar="LIST",
+        help="GPU workload w4: only these models, comma-separated "
+        f"({', '.join(W4_MODELS)}; default: both)",
+    )
+    parser.add_argument(
+        "--w4-repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="GPU workload w4: measure each side N times in alternating order and report "
+        "medians (default 1; 3 to decide whether a candidate pays)",
     )
     parser.add_argument(
         "--candidate",
@@ -87,12 +114,19 @@ def run(args: argparse.Namespace) -> int:
         unknown = sorted(set(formats) - set(W4_FORMATS))
         if unknown:
             return fail(f"--w4-formats names {', '.join(unknown)}; give {', '.join(W4_FORMATS)}")
+        models = tuple(m for m in args.w4_models.split(",") if m) or W4_MODELS
+        unknown = sorted(set(models) - set(W4_MODELS))
+        if unknown:
+            return fail(f"--w4-models names {', '.join(unknown)}; give {', '.join(W4_MODELS)}")
+        if args.w4_repeats < 1:
+            return fail(f"--w4-repeats is {args.w4_repeats}; give 1 or more (3 to decide)")
         try:
             candidate = parse_settings(args.candidate, "--candidate") or None
         except ConfigError as exc:
             return fail(str(exc))
+        w4 = W4Choice(formats, models, args.w4_repeats)
         return run_gpu(
-            args.workload, not args.no_reference, args.record, args.w9_users, formats, candidate
+            args.workload, not args.no_reference, args.record, args.w9_users, w4, candidate
         )
     if args.workload == ["control"]:
         return run_control_plane(args.record)
@@ -122,7 +156,7 @@ def run_gpu(
     with_reference: bool,
     record: str | None,
     w9_users: int = 128,
-    w4_formats: tuple[str, ...] = W4_FORMATS,
+    w4: W4Choice | None = None,
     candidate: dict | None = None,
 ) -> int:
     from aioworker.bench import (
@@ -136,13 +170,16 @@ def run_gpu(
     )
     from aioworker.bench.report import append_to_doc
 
+    w4 = w4 or W4Choice(W4_FORMATS, W4_MODELS, 1)
     limits = gpu.measure_limits()
     print(
         f"measured: copy {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s",
         flush=True,
     )
     runners = {
-        "w4": lambda: gpu_decode_floor.run(limits, with_reference, w4_formats, candidate),
+        "w4": lambda: gpu_decode_floor.run(
+            limits, with_reference, w4.formats, candidate, w4.models, w4.repeats
+        ),
         "w5": lambda: gpu_run.run_w5(limits, with_reference),
         "w1": lambda: gpu_run.run_w1(limits, candidate),
         "w6": lambda: gpu_run.run_w6(limits),

@@ -57,3 +57,37 @@ def test_a_candidate_without_a_value_is_refused(capsys) -> None:
     argv = ["bench", "--workload", "w4", "--candidate", "device.fused_norm_products"]
     assert main(argv) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_repeats_alternate_the_order_and_report_medians(monkeypatch) -> None:
+    """Three runs a side, off first then on first then off first; a slow outlier on each side
+    does not move its median; only the model asked for is measured."""
+    times = {False: iter([4.0, 9.0, 4.2]), True: iter([2.0, 2.2, 7.0])}
+    order = []
+
+    def fake_measure(model_dir, fmt, settings):
+        on = bool(settings)
+        order.append((model_dir.name, on))
+        return 2_000_000_000, next(times[on]), 4.4
+
+    monkeypatch.setattr(gpu_decode_floor, "measure", fake_measure)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    candidate = {"device.fused_reduce_norm": True}
+    table, notes = gpu_decode_floor.run(
+        limits, False, ("none",), candidate, models=("qwen3-0.6b",), repeats=3
+    )
+    on_first = [("qwen3-0.6b", True), ("qwen3-0.6b", False)]
+    off_first = on_first[::-1]
+    assert order == off_first + on_first + off_first
+    (row,) = [line for line in table.splitlines() if "qwen3-0.6b none" in line]
+    assert "| 4.200 " in row and "| 2.200 " in row and "1.91x" in row  # medians 4.2 and 2.2
+    assert "llama" not in table
+    assert "3 runs each in alternating order" in notes
+    assert "qwen3-0.6b none: 4.000 9.000 4.200; 2.000 2.200 7.000" in notes
+
+
+def test_an_unknown_model_or_no_runs_is_refused_by_name(capsys) -> None:
+    assert main(["bench", "--workload", "w4", "--w4-models", "llama-70b"]) == 2
+    assert "llama-70b" in capsys.readouterr().err
+    assert main(["bench", "--workload", "w4", "--w4-repeats", "0"]) == 2
+    assert "--w4-repeats" in capsys.readouterr().err

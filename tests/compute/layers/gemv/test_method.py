@@ -22,6 +22,7 @@ from aioworker.core.sampling_params import SamplingParams  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 from tests.tiny_models import build_tiny_model  # noqa: E402
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
@@ -126,7 +127,7 @@ def test_a_tiling_out_of_shared_memory_retries_with_fewer_stages_then_gives_up(m
     layer = torch.nn.Module()
     method = small_rows(UNQUANTIZED)
     method.create_weights(layer, 24, 16)
-    layer.weight.data = torch.randn(24, 16)
+    layer.weight.data = torch.randn(24, 16, device=DEVICE)
     layer.bias = None
     stages_tried = []
 
@@ -139,7 +140,7 @@ def test_a_tiling_out_of_shared_memory_retries_with_fewer_stages_then_gives_up(m
 
         return launch
 
-    x = torch.randn(1, 16)
+    x = torch.randn(1, 16, device=DEVICE)
     monkeypatch.setattr(product, "small_rows_product", fits_below(2))
     for _ in range(2):
         torch.testing.assert_close(method.apply(layer, x), x @ layer.weight.T)
@@ -198,14 +199,14 @@ def test_an_lm_heads_quantized_copy_multiplies_on_the_kernels(fmt, monkeypatch) 
     inner = QuantizedCopy({"wint8": WINT8_ON_LOAD, "wint4": WINT4_ON_LOAD}[fmt])
     method = small_rows(inner)
     assert isinstance(method, SmallRows)
-    layer = ParallelLMHead(80, 128, SINGLE, method)
-    layer.weight.data = torch.randn(80, 128)
+    layer = ParallelLMHead(80, 128, SINGLE, method).to(DEVICE)
+    layer.weight.data = torch.randn(80, 128, device=DEVICE)
     process_after_loading(layer)
     read = []
     real = product.small_rows_product
     monkeypatch.setattr(product, "small_rows_product",
                         lambda x, w, *rest: read.append(w.dtype) or real(x, w, *rest))  # fmt: skip
-    x = torch.randn(1, 128)
+    x = torch.randn(1, 128, device=DEVICE)
     want = inner.format.apply(inner.copy_of(layer), x)
     torch.testing.assert_close(layer.compute_logits(x), want, rtol=2e-2, atol=5e-2)
     assert read and read[0] != torch.float32  # the copy's int8 values or int4 words
