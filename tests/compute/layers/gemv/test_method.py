@@ -208,5 +208,7 @@ def test_an_lm_heads_quantized_copy_multiplies_on_the_kernels(fmt, monkeypatch) 
                         lambda x, w, *rest: read.append(w.dtype) or real(x, w, *rest))  # fmt: skip
     x = torch.randn(1, 128, device=DEVICE)
     want = inner.format.apply(inner.copy_of(layer), x)
-    torch.testing.assert_close(layer.compute_logits(x), want, rtol=2e-2, atol=5e-2)
+    # On CUDA the format's own int4 product (tinygemm) takes x in bf16: a looser bound there.
+    atol = 1e-1 if DEVICE == "cuda" else 5e-2
+    torch.testing.assert_close(layer.compute_logits(x), want, rtol=2e-2, atol=atol)
     assert read and read[0] != torch.float32  # the copy's int8 values or int4 words
