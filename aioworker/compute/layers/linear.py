@@ -214,10 +214,10 @@ class RowParallelLinear(MethodLinear):
         """`defer_reduce`: the caller adds and norms the product next (ops.add_rms_norm), and
         takes its split-K partial sums (SplitSums) where the method leaves them: on one rank
         only (ranks all-reduce the product itself) and without a bias (added after)."""
-        if defer_reduce and self.reduce and self.tp.size == 1 and self.bias is None:
-            defer = getattr(self.linear_method, "apply_deferred", None)
-            if defer is not None:
-                return defer(self, x)
+        defer = getattr(self.linear_method, "apply_deferred", None)
+        alone = self.reduce and self.tp.size == 1 and self.bias is None
+        if defer_reduce and defer is not None and alone:
+            return defer(self, x)
         # The bias joins once, after the reduction, not once per rank.
         if not self.reduce:
             return self.matmul(x, self.bias if self.tp.rank == 0 else None)
