@@ -111,11 +111,6 @@ class DeviceOptions(_Section):
     # qkv and gate/up products that read them (two launches fewer a layer). Off: W4 on the H200
     # measured it 1.05x on Qwen3-0.6B but 0.96x (8B bf16) and 0.81x (8B fp8).
     fused_norm_products: bool = False
-    # CUDA, with small_batch_kernels, one rank (no tensor parallel): where the o and down
-    # products split K, the residual add and RMSNorm that read them next add the splits' sums
-    # themselves, instead of a kernel of their own (compute/layers/split_sums.py): one launch
-    # fewer each. Off until W4 on the GPU measures it (docs/benchmarks.md).
-    fused_reduce_norm: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and

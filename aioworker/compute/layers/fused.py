@@ -14,16 +14,14 @@ import triton.language as tl
 
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import early_reads, launch_options
-from aioworker.compute.layers.split_sums import SplitSums
 
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr, bias_ptr,
-    stride_x, stride_r, stride_o, stride_ro, stride_split, num_splits, num_cols, eps,
+    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
+    stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr, SPLIT_SUMS: tl.constexpr, SCALED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -32,12 +30,7 @@ def _add_rms_norm_kernel(
         # loads while this kernel waits on the one before it, not as a DRAM round trip after.
         w = tl.load(weight_ptr + cols, mask=mask, other=0.0)  # two bf16 values a register
     wait_for_previous_kernel(PDL)
-    if SPLIT_SUMS:  # x: a product's split-K partial sums, float32 [splits, rows, cols]
-        x = _product_of_sums(x_ptr + row * stride_x, stride_split, num_splits, scale_ptr,
-                             bias_ptr, cols, mask, SCALED, HAS_BIAS)  # fmt: skip
-        x = x.to(out_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as torch's add rounds
@@ -50,48 +43,20 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (normed * w.to(tl.float32)).to(x.dtype), mask=mask)
 
 
-@triton.jit
-def _product_of_sums(row_ptr, stride_split, num_splits, scale_ptr, bias_ptr, cols, mask,
-                     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
-    """A row of a split-K product from its partial sums, added in the splits' order, then scaled
-    and biased, exactly as its reduce kernel does (gemv/finish.py), so the values match."""
-    total = tl.zeros(cols.shape, dtype=tl.float32)
-    for split in range(num_splits):
-        total += tl.load(row_ptr + split * stride_split + cols, mask=mask, other=0.0)
-    if SCALED:
-        total = total * tl.load(scale_ptr + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return total
-
-
 def add_rms_norm(
-    x: torch.Tensor | SplitSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual); with no residual, (rms_norm(x), x). x: [T, D], or
-    a product's split-K partial sums (with a residual), which the kernel adds first."""
-    sums = x if isinstance(x, SplitSums) else None
-    if sums is not None:
-        if residual is None:
-            raise ValueError("split sums are added and normed with a residual: reduce() first")
-        x, stride_split = sums.partial, sums.partial.stride(0)
-        num_rows, num_cols = sums.rows, sums.channels
-        out = torch.empty(num_rows, num_cols, dtype=sums.dtype, device=x.device)
-        scale, bias = sums.scale, sums.bias
-    else:
-        num_rows, num_cols = x.shape
-        out, stride_split, scale, bias = torch.empty_like(x), 0, None, None
-    residual_out = torch.empty_like(out) if residual is not None else x
+    """(rms_norm(x + residual), x + residual); with no residual, (rms_norm(x), x). x: [T, D]."""
+    num_rows, num_cols = x.shape
+    out = torch.empty_like(x)
+    residual_out = torch.empty_like(x) if residual is not None else x
     r = residual if residual is not None else x
     options = launch_options()
     _add_rms_norm_kernel[(num_rows,)](
-        x, r, weight, out, residual_out, scale if scale is not None else weight,
-        bias if bias is not None else weight,
-        x.stride(-2), r.stride(0), out.stride(0), residual_out.stride(0), stride_split,
-        sums.partial.shape[0] if sums is not None else 0, num_cols, eps,
+        x, r, weight, out, residual_out,
+        x.stride(0), r.stride(0), out.stride(0), residual_out.stride(0), num_cols, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(num_cols),
-        PDL=bool(options), EARLY_WEIGHT=early_reads(), SPLIT_SUMS=sums is not None,
-        SCALED=scale is not None, HAS_BIAS=bias is not None, **options,
+        PDL=bool(options), EARLY_WEIGHT=early_reads(), **options,
     )  # fmt: skip
     return out, residual_out
 

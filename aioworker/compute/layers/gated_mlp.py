@@ -14,9 +14,7 @@ from aioworker.compute.parallel import TensorParallel
 
 class GatedMLP(nn.Module):
     """`reduce=False` leaves the output as this rank's partial sum, for a caller that adds more
-    partial sums (the routed experts) before one all-reduce. `defer_reduce`: the caller adds
-    and norms the output next (a decoder layer's MLP), so the down product may hand on its
-    split-K partial sums for that to add (SplitSums, device.fused_reduce_norm)."""
+    partial sums (the routed experts) before one all-reduce."""
 
     def __init__(
         self,
@@ -26,10 +24,8 @@ class GatedMLP(nn.Module):
         tp: TensorParallel,
         method: LinearMethod,
         reduce: bool = True,
-        defer_reduce: bool = False,
     ) -> None:
         super().__init__()
-        self.defer_reduce = defer_reduce
         size = intermediate_size
         self.gate_up_proj = column_parallel(hidden_size, [size, size], bias, tp, method)
         self.down_proj = RowParallelLinear(
@@ -38,7 +34,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]
-        return self.down_proj(gated_product(self.gate_up_proj, x), self.defer_reduce)
+        return self.down_proj(gated_product(self.gate_up_proj, x))
 
     def forward_normed(
         self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
@@ -46,4 +42,4 @@ class GatedMLP(nn.Module):
         """(forward(norm(x + residual)), x + residual), the add and norm inside the gate/up
         product where its method can."""
         h, residual = normed_product(self.gate_up_proj, norm, x, residual, gated=True)
-        return self.down_proj(h, self.defer_reduce), residual
+        return self.down_proj(h), residual

@@ -16,7 +16,6 @@ from torch import nn
 
 from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
 from aioworker.compute.layers.param_loading import ParamLoading, blocks, copy_slice, loading_of
-from aioworker.compute.layers.split_sums import SplitSums
 from aioworker.compute.parallel import Shard, TensorParallel
 
 
@@ -210,14 +209,7 @@ class RowParallelLinear(MethodLinear):
         _check_shape(tuple(param.shape), loaded, name)
         param.data.copy_(loaded)
 
-    def forward(self, x: torch.Tensor, defer_reduce: bool = False) -> torch.Tensor | SplitSums:
-        """`defer_reduce`: the caller adds and norms the product next (ops.add_rms_norm), and
-        takes its split-K partial sums (SplitSums) where the method leaves them: on one rank
-        only (ranks all-reduce the product itself) and without a bias (added after)."""
-        defer = getattr(self.linear_method, "apply_deferred", None)
-        alone = self.reduce and self.tp.size == 1 and self.bias is None
-        if defer_reduce and defer is not None and alone:
-            return defer(self, x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias joins once, after the reduction, not once per rank.
         if not self.reduce:
             return self.matmul(x, self.bias if self.tp.rank == 0 else None)

@@ -8,20 +8,12 @@ import torch.nn.functional as F
 
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.rotary import apply_rotary
-from aioworker.compute.layers.split_sums import SplitSums
 
 
 def add_rms_norm(
-    norm: RMSNorm, x: torch.Tensor | SplitSums, residual: torch.Tensor | None
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer. x may be a
-    product's split-K partial sums (device.fused_reduce_norm): the norm's kernel adds them."""
-    if isinstance(x, SplitSums):
-        from aioworker.compute.layers import fused
-
-        if residual is None:  # the sum is the residual stream returned: made whole first
-            return add_rms_norm(norm, x.reduce(), residual)
-        return fused.add_rms_norm(x, residual, norm.weight, norm.eps)
+    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer."""
     if x.is_cuda:
         from aioworker.compute.layers import fused
 

@@ -21,10 +21,7 @@ def feed_forward(
         from aioworker.compute.models.moe_block import SparseMoeBlock
 
         return SparseMoeBlock(cfg, tp, methods)
-    return GatedMLP(
-        cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, methods.projections,
-        defer_reduce=True,  # its decoder layer adds and norms the output next
-    )  # fmt: skip
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, methods.projections)
 
 
 def normed_feed_forward(

@@ -51,8 +51,7 @@ class LlamaAttention(nn.Module):
         self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
         """qkv: this layer's qkv_proj product [T, (Hq + 2 Hkv) D] (the decoder layer takes it
-        with its norm) -> [T, D], or its split-K partial sums for the add and norm after it
-        (SplitSums, device.fused_reduce_norm)."""
+        with its norm) -> [T, D]."""
         num_tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -71,7 +70,7 @@ class LlamaAttention(nn.Module):
                 q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
             )
             out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, q_size), defer_reduce=True)
+        return self.o_proj(out.reshape(num_tokens, q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -93,9 +92,7 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns this layer's MLP output and the residual stream before it is added: the next
         layer (or the final norm) adds them, fused with its norm. Each add and norm runs inside
-        the product that reads it (qkv, gate/up) where that product's method can. The o and
-        down products may hand on their split-K partial sums for that add and norm to add
-        (SplitSums, device.fused_reduce_norm)."""
+        the product that reads it (qkv, gate/up) where that product's method can."""
         qkv, residual = normed_product(self.self_attn.qkv_proj, self.input_layernorm, x, residual)
         x = self.self_attn(rope, qkv, attn)
         return normed_feed_forward(self.mlp, self.post_attention_layernorm, x, residual)

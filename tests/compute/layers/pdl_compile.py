@@ -31,13 +31,6 @@ POINTERS = {
     "lse_ptr": "*fp32", "partial_ptr": "*fp32",
 }  # fmt: skip
 FLOATS = {"eps", "scale"}
-NORM = {
-    "HAS_RESIDUAL": True,
-    "BLOCK": 4096,
-    "SPLIT_SUMS": False,
-    "SCALED": False,
-    "HAS_BIAS": False,
-}
 DECODE = {
     "GROUP": 4, "GROUP_P2": 4, "ROWS_PAD": 16, "MULTI": False, "HEAD_DIM": 128,
     "BLOCK_SIZE": 64, "TILE_N": 64, "DIRECT": False, "DOT_PRECISION": "tf32", "ROPE_IN": True,
@@ -45,13 +38,8 @@ DECODE = {
     "LINES_PER_ROW": 2,
 }  # fmt: skip
 KERNELS = [
-    (fused._add_rms_norm_kernel, {**NORM, "EARLY_WEIGHT": False}),
-    (fused._add_rms_norm_kernel, {**NORM, "EARLY_WEIGHT": True}),
-    # device.fused_reduce_norm: a product's split sums, scaled (fp8, int8), added first
-    (
-        fused._add_rms_norm_kernel,
-        {**NORM, "EARLY_WEIGHT": False, "SPLIT_SUMS": True, "SCALED": True},
-    ),
+    (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096, "EARLY_WEIGHT": False}),
+    (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096, "EARLY_WEIGHT": True}),
     (fused._silu_and_mul_kernel, {"BLOCK": 1024}),
     (fused._norm_rope_kernel, {"HEAD_DIM": 128, "HAS_NORM": True}),
     (fused._qkv_rope_cache_kernel, {"HEAD_DIM": 128, "HAS_NORM": False}),

@@ -31,7 +31,6 @@ from aioworker.compute.layers.quantized.checkpoint_int4 import Int4Checkpoint
 from aioworker.compute.layers.quantized.fp8 import Fp8OnLoad
 from aioworker.compute.layers.quantized.head_copy import QuantizedCopy
 from aioworker.compute.layers.quantized.weight_only import Int4OnLoad, Int8OnLoad
-from aioworker.compute.layers.split_sums import SplitSums, as_tensor
 
 
 @dataclass(frozen=True)
@@ -94,12 +93,9 @@ def kernel_devices() -> tuple[str, ...]:
 
 
 class SmallRows:
-    def __init__(
-        self, inner: LinearMethod, fuse_norm: bool = False, defer_reduce: bool = False
-    ) -> None:
+    def __init__(self, inner: LinearMethod, fuse_norm: bool = False) -> None:
         self.inner = inner
         self.fuse_norm = fuse_norm
-        self.defer_reduce = defer_reduce
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -139,10 +135,8 @@ class SmallRows:
         gated: bool,
         bias: torch.Tensor | None,
         add_norm: AddNorm | None = None,
-        defer_reduce: bool = False,
-    ) -> torch.Tensor | SplitSums | None:
-        """The kernels' product ([rows, N]; with `defer_reduce`, its split-K partial sums
-        where it has them), or None where they do not take it."""
+    ) -> torch.Tensor | None:
+        """The kernels' product ([rows, N]), or None where they do not take it."""
         if not self._takes(x):
             return None
         operands = self.operands(layer)
@@ -168,8 +162,8 @@ class SmallRows:
         tried = [fitted] if fitted else [dataclasses.replace(tiles, num_stages=s) for s in stages]
         for cut in tried:
             try:
-                y = small_rows_product(rows.contiguous(), weight, cut, operands.scale, gated,
-                                       bias, operands.int4_groups, add_norm, defer_reduce)  # fmt: skip
+                y = small_rows_product(rows.contiguous(), weight, cut, operands.scale,
+                                       gated, bias, operands.int4_groups, add_norm)  # fmt: skip
             except OutOfResources:
                 continue
             self.fitted[key] = cut
@@ -181,17 +175,6 @@ class SmallRows:
     ) -> torch.Tensor:
         y = self._product(layer, x, False, bias)
         return self.inner.apply(layer, x, bias) if y is None else y.reshape(*x.shape[:-1], -1)
-
-    def apply_deferred(
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor | SplitSums:
-        """`apply`, except that with device.fused_reduce_norm a split-K product of decode's rows
-        returns its partial sums (SplitSums) for the add-and-norm kernel that reads it next to
-        add, instead of adding them in a kernel of their own. x: [T, K]."""
-        if not self.defer_reduce or x.dim() != 2:
-            return self.apply(layer, x, bias)
-        y = self._product(layer, x, False, bias, defer_reduce=True)
-        return self.inner.apply(layer, x, bias) if y is None else y
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """silu(x gate^T) * (x up^T) for a layer holding [gate; up] and no bias."""
@@ -211,10 +194,7 @@ class SmallRows:
         """(the product of norm(x + residual), gated where asked, x + residual) in one kernel,
         x and residual [T, K]; None where the kernels do not take it (the caller adds and
         norms first)."""
-        if not self.fuse_norm:
-            return None
-        x = as_tensor(x)  # a deferred product's partial sums: added first
-        if x.dtype not in NORMED_DTYPES or x.dim() != 2:
+        if not self.fuse_norm or x.dtype not in NORMED_DTYPES or x.dim() != 2:
             return None
         x = x.contiguous()
         residual = residual.contiguous() if residual is not None else None
@@ -226,14 +206,11 @@ class SmallRows:
         return y, (x if residual_out is None else residual_out)
 
 
-def small_rows(
-    method: LinearMethod, fuse_norm: bool = False, defer_reduce: bool = False
-) -> LinearMethod:
+def small_rows(method: LinearMethod, fuse_norm: bool = False) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
-    (`apply_normed`); `defer_reduce`: leave split K's partial sums to the add and norm after
-    them (`apply_deferred`)."""
+    (`apply_normed`)."""
     inner = method.format if isinstance(method, QuantizedCopy) else method
     if type(inner) not in OPERANDS:
         return method
-    return SmallRows(method, fuse_norm, defer_reduce)
+    return SmallRows(method, fuse_norm)

@@ -14,7 +14,6 @@ from aioworker.compute.layers.gemv.kernels import _small_rows_kernel
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 from aioworker.compute.layers.quantized.weight_only import INT4_BLOCK
-from aioworker.compute.layers.split_sums import SplitSums
 
 REDUCE_BLOCK = 256
 LINE_BYTES = 128  # what a prefetch fetches
@@ -47,17 +46,14 @@ def small_rows_product(
     bias: torch.Tensor | None = None,
     int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None,
     add_norm: AddNorm | None = None,
-    defer_reduce: bool = False,
-) -> torch.Tensor | SplitSums:
+) -> torch.Tensor:
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
     (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
     w = (q - 8) s + o; with tiles.blocks, weight is int4's blocks layout ([N, K / 8] int32,
     int4_blocks.py). Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
-    before a residual add and RMSNorm, done in the kernel. `defer_reduce`: where split K would
-    add its partial sums in a second kernel (a plain product: not gated, not normed, not
-    folding), return them instead (SplitSums), for the kernel that reads the product next."""
+    before a residual add and RMSNorm, done in the kernel."""
     _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
     num_rows, depth = x.shape
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -123,33 +119,13 @@ def small_rows_product(
         AHEAD=tiles.ahead, **options,
     )  # fmt: skip
     if splits > 1 and not fold:
-        if defer_reduce and not gated and not normed:
-            return SplitSums(partial, scale, bias, x.dtype)
-        _reduce(partial, scale, bias, out, squares, gated, normed, depth, eps)
+        reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
+            partial, placeholder, bias if bias is not None else weight, out, squares, splits,
+            num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
+            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
+            BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
+        )  # fmt: skip
     return out
-
-
-def reduce_split_sums(sums: SplitSums) -> torch.Tensor:
-    """The product whose reduce was deferred (SplitSums.reduce)."""
-    partial = sums.partial
-    out = torch.empty(sums.rows, sums.channels, dtype=sums.dtype, device=partial.device)
-    _reduce(partial, sums.scale, sums.bias, out, partial, False, False, 0, 0.0)
-    return out
-
-
-def _reduce(partial, scale, bias, out, squares, gated: bool, normed: bool, depth: int, eps):
-    """The split-K partial sums [splits, rows, width] added into out [rows, channels], through
-    the product's epilogue (scale, bias or gate; normed: 1 / rms from `squares` first)."""
-    splits, num_rows, _ = partial.shape
-    channels = out.shape[1]
-    placeholder = scale if scale is not None else partial
-    options = launch_options()
-    reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
-        partial, placeholder, bias if bias is not None else placeholder, out, squares, splits,
-        num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
-        SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
-        BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
-    )  # fmt: skip
 
 
 def _words(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:

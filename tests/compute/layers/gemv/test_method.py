@@ -26,9 +26,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
-def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False, **more):
+def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False):
     switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": fuse_norm}
-    switches.update(more)
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
@@ -49,10 +48,10 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None, defer_reduce=False):  # fmt: skip
+                add_norm=None):  # fmt: skip
         normed = "none" if add_norm is None else "add" if add_norm.residual is not None else "norm"
         calls.append((x.shape[0], gated, bias is not None, normed))
-        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm, defer_reduce)
+        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm)
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     assert greedy(tmp_path, prompts, kernels=True) == want
@@ -70,40 +69,6 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
         (True, "add"),
         (False, "none"),
     }
-
-
-@pytest.mark.parametrize("fuse_norm", [False, True])
-def test_split_sums_are_added_by_the_add_and_norm_after_them(fuse_norm, tmp_path, monkeypatch):
-    """device.fused_reduce_norm: with tiles that split K, the o and down products hand their
-    partial sums on, the add-and-norm kernel adds them (the final norm's too), and the greedy
-    tokens are those of the reduce kernel. With the norm fused into the products after them,
-    the sums are added first, and the tokens are the same again."""
-    from aioworker.compute.layers import fused
-    from aioworker.compute.layers.gemv import method as gemv_method
-    from aioworker.compute.layers.gemv.tiles import Tiles
-    from aioworker.compute.layers.split_sums import SplitSums
-
-    build_tiny_model("llama", tmp_path, logit_scale=4.0)
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (6, 19)]
-    split = Tiles(True, 16, 32, splits=2, num_warps=2, num_stages=1)
-    monkeypatch.setattr(gemv_method, "tiles_for", lambda rows, weight, gated, group=0: split)
-    want = greedy(tmp_path, prompts, kernels=True, fuse_norm=fuse_norm)
-    added = []
-    real = fused.add_rms_norm
-
-    def counted(x, residual, weight, eps):
-        added.append(isinstance(x, SplitSums))
-        return real(x, residual, weight, eps)
-
-    monkeypatch.setattr(fused, "add_rms_norm", counted)
-    deferred = {"device.fused_reduce_norm": True}
-    assert greedy(tmp_path, prompts, kernels=True, fuse_norm=fuse_norm, **deferred) == want
-    # 11 decode steps (12 tokens, the first from the prefill), the two prompts together
-    if fuse_norm:  # only the final norm adds and norms alone: after the last down product
-        assert sum(added) >= 11
-    else:  # every add and norm of a decode step but the first layer's: o's and down's sums
-        assert sum(added) >= 2 * 2 * 11  # 2 layers, 2 a layer
 
 
 def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:
