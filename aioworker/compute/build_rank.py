@@ -198,7 +198,7 @@ def _build_runner(
     pdl_on = config.device.pdl and device.type == "cuda" and _hopper_or_later(device)
     if config.device.pdl and device.type == "cuda" and not pdl_on:
         log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
-    pdl.enable(pdl_on, graphs_only=True, early_reads=config.device.pdl_early_reads)
+    pdl.enable(pdl_on, graphs_only=True)
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
@@ -286,6 +286,7 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
                 config.device.attention_backend,
                 config.cache.block_size,
                 config.device.fused_rope_attention,
+                config.device.prefetch_decode_kv,
             ),
             Sampler(config.model.seed, device),
             device,

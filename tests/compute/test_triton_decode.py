@@ -181,8 +181,8 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
     reason="PDL and the PTX prefetch: Hopper only",
 )
 @pytest.mark.parametrize("num_splits", [1, 4, 32])
-def test_early_reads_under_pdl_change_nothing(num_splits) -> None:
-    """device.pdl_early_reads: each program fetches its split's K and V into L2 before it
+def test_prefetching_the_split_under_pdl_changes_nothing(num_splits) -> None:
+    """device.prefetch_decode_kv: each program fetches its split's K and V into L2 before it
     waits; the output is bit for bit the output without (and the reference's)."""
     from aioworker.compute.layers import pdl
 
@@ -197,11 +197,10 @@ def test_early_reads_under_pdl_change_nothing(num_splits) -> None:
     q = torch.randn(batch, num_heads, head_dim, generator=generator).bfloat16().cuda()
     tables = block_tables.view(batch, max_blocks).int().cuda()
     lens, scale = context_lens.cuda(), head_dim**-0.5
+    pdl.enable(True)
     try:
-        pdl.enable(True)
         plain = paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits)
-        pdl.enable(True, early_reads=True)
-        fetched = paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits)
+        fetched = paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits, prefetch=True)
     finally:
         pdl.enable(False)
     assert torch.equal(plain, fetched)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
-from aioworker.compute.layers.pdl import early_reads, launch_options
+from aioworker.compute.layers.pdl import launch_options
 
 
 @triton.jit
@@ -21,14 +21,14 @@ def _add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
-    if EARLY_WEIGHT:  # pdl.early_reads: no kernel of the step writes the norm's weight, so it
-        # loads while this kernel waits on the one before it, not as a DRAM round trip after.
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0)  # two bf16 values a register
+    # The norm's weight, which no kernel of the step writes: with PDL it loads while this
+    # kernel waits on the one before it, rather than as a DRAM round trip after the wait. Held
+    # in its own dtype until used: two bf16 values a register.
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     wait_for_previous_kernel(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
@@ -38,8 +38,6 @@ def _add_rms_norm_kernel(
     x32 = x.to(tl.float32)
     variance = tl.sum(x32 * x32, axis=0) / num_cols
     normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
-    if not EARLY_WEIGHT:
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + cols, (normed * w.to(tl.float32)).to(x.dtype), mask=mask)
 
 
@@ -56,7 +54,7 @@ def add_rms_norm(
         x, r, weight, out, residual_out,
         x.stride(0), r.stride(0), out.stride(0), residual_out.stride(0), num_cols, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(num_cols),
-        PDL=bool(options), EARLY_WEIGHT=early_reads(), **options,
+        PDL=bool(options), **options,
     )  # fmt: skip
     return out, residual_out
 

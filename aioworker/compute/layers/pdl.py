@@ -15,12 +15,6 @@ PDL on every launch. Decode graphs of more than MAX_GRAPH_BATCH sequences are ca
 it: W4 on the H200 measured the 8B's batch-8 step 6-7% slower with it, where batch 1 gained
 2-20%; with the limit, batch 8 measured no slower (2026-12-05). Tools and tests may switch it
 on for every launch. Each launch asks `launch_options()`.
-
-Early reads (device.pdl_early_reads, off until W4 measures them): a kernel so launched may,
-before its wait, read what no kernel of the step writes. The paged decode kernel fetches its
-split's first K and V tiles into L2 (at batch 1 a split is about one tile, and the kernel was
-three dependent DRAM round trips after its wait); the add-and-norm kernel loads its norm's
-weight. Kernels ask `early_reads()`.
 """
 
 from __future__ import annotations
@@ -31,14 +25,12 @@ from collections.abc import Iterator
 MAX_GRAPH_BATCH = 4
 _enabled = False  # launches now use it
 _in_graphs = False  # decode graphs of at most MAX_GRAPH_BATCH sequences use it
-_early_reads = False  # kernels launched with it read what the step does not write first
 
 
-def enable(on: bool, graphs_only: bool = False, early_reads: bool = False) -> None:
-    """Launches use PDL (`graphs_only`: only inside `for_graph_batch`, as a rank runs), with
-    `early_reads` where asked."""
-    global _enabled, _in_graphs, _early_reads
-    _enabled, _in_graphs, _early_reads = on and not graphs_only, on, on and early_reads
+def enable(on: bool, graphs_only: bool = False) -> None:
+    """Launches use PDL (`graphs_only`: only inside `for_graph_batch`, as a rank runs)."""
+    global _enabled, _in_graphs
+    _enabled, _in_graphs = on and not graphs_only, on
 
 
 @contextlib.contextmanager
@@ -58,9 +50,3 @@ def launch_options() -> dict[str, bool]:
     """Triton launch keywords: {"launch_pdl": True} where switched on, else none. Pass PDL=
     bool(options) to the kernel too, so that it waits."""
     return {"launch_pdl": True} if _enabled else {}
-
-
-def early_reads() -> bool:
-    """Whether a kernel launched now reads, before its wait, what no kernel of the step writes
-    (launched with PDL, and device.pdl_early_reads on)."""
-    return _enabled and _early_reads

@@ -2,8 +2,8 @@
 with programmatic dependent launch (compute/layers/pdl.py) other than the small-rows products
 (gemv/hopper_compile.py compiles those), with PDL on, and check that each waits on the kernel
 before it: its PTX holds griddepcontrol.wait (and where the decode kernel fetches its split's
-K and V into L2 first, with device.pdl_early_reads, that the fetches come before the wait; and
-that the add-and-norm kernel then loads its weight, which no kernel of the step writes, first). Run by test_pdl.py in a process of its own,
+K and V into L2 first, device.prefetch_decode_kv, that the fetches come before the wait; and
+that the add-and-norm kernel loads its weight, which no kernel of the step writes, before it). Run by test_pdl.py in a process of its own,
 without TRITON_INTERPRET.
 
     python tests/compute/layers/pdl_compile.py    prints one line per kernel compiled
@@ -38,13 +38,12 @@ DECODE = {
     "LINES_PER_ROW": 2,
 }  # fmt: skip
 KERNELS = [
-    (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096, "EARLY_WEIGHT": False}),
-    (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096, "EARLY_WEIGHT": True}),
+    (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
     (fused._silu_and_mul_kernel, {"BLOCK": 1024}),
     (fused._norm_rope_kernel, {"HEAD_DIM": 128, "HAS_NORM": True}),
     (fused._qkv_rope_cache_kernel, {"HEAD_DIM": 128, "HAS_NORM": False}),
     (triton_decode._decode_partial, DECODE),
-    # device.pdl_early_reads, without rope_in, on pages of 16
+    # device.prefetch_decode_kv, without rope_in, on pages of 16
     (
         triton_decode._decode_partial,
         {**DECODE, "PREFETCH_TILES": 2, "BLOCK_SIZE": 16, "ROPE_IN": False, "HAS_NORM": False},
@@ -72,7 +71,7 @@ def main() -> None:
         ptx = compiled.asm["ptx"]
         waits = "griddepcontrol.wait" in ptx
         line = f"compiled {kernel.fn.__name__} {'waits' if waits else 'DOES NOT WAIT'}"
-        if constants.get("EARLY_WEIGHT"):  # the norm's weight loads before the wait
+        if kernel is fused._add_rms_norm_kernel:  # the norm's weight loads before the wait
             weight = ptx.find("ld.global")
             early = 0 <= weight < ptx.find("griddepcontrol.wait")
             line += ", loads its weight while it waits" if early else ", DOES NOT LOAD FIRST"

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from aioworker.compute.layers.fused import norm_rope_rows
 from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
-from aioworker.compute.layers.pdl import early_reads, launch_options
+from aioworker.compute.layers.pdl import launch_options
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ def _merge_splits(
 
 
 TILE_N = 64
-PREFETCH_TILES = 2  # per program, with early reads: at batch 1 a split is about one tile
+PREFETCH_TILES = 2  # per program, with `prefetch`: at batch 1 a split is about one tile
 LINE_BYTES = 128  # what a prefetch fetches
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
@@ -320,6 +320,7 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -328,7 +329,7 @@ def paged_decode(
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself.
-    Launched with PDL and its early reads (device.pdl_early_reads), each program fetches its
+    `prefetch` (device.prefetch_decode_kv): where launched with PDL, each program fetches its
     split's first PREFETCH_TILES tiles into L2 while it waits."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
@@ -380,7 +381,7 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        PREFETCH_TILES=PREFETCH_TILES if early_reads() else 0,
+        PREFETCH_TILES=PREFETCH_TILES if prefetch and options else 0,
         LINE_ELEMENTS=LINE_BYTES // k_cache.element_size(),
         LINES_PER_ROW=max(1, head_dim * k_cache.element_size() // LINE_BYTES),
         **options,
