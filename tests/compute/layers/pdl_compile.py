@@ -31,23 +31,51 @@ POINTERS = {
     "lse_ptr": "*fp32", "partial_ptr": "*fp32",
 }  # fmt: skip
 FLOATS = {"eps", "scale"}
-DECODE = {
-    "GROUP": 4, "GROUP_P2": 4, "ROWS_PAD": 16, "MULTI": False, "HEAD_DIM": 128,
-    "BLOCK_SIZE": 64, "TILE_N": 64, "DIRECT": False, "DOT_PRECISION": "tf32", "ROPE_IN": True,
-    "HAS_NORM": True, "QUERIES_P2": 1, "PREFETCH_TILES": 0, "LINE_ELEMENTS": 64,
-    "LINES_PER_ROW": 2,
-}  # fmt: skip
 KERNELS = [
     (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
     (fused._silu_and_mul_kernel, {"BLOCK": 1024}),
     (fused._norm_rope_kernel, {"HEAD_DIM": 128, "HAS_NORM": True}),
     (fused._qkv_rope_cache_kernel, {"HEAD_DIM": 128, "HAS_NORM": False}),
-    (triton_decode._decode_partial, DECODE),
-    # device.prefetch_decode_kv, without rope_in, on pages of 16
     (
         triton_decode._decode_partial,
-        {**DECODE, "PREFETCH_TILES": 2, "BLOCK_SIZE": 16, "ROPE_IN": False, "HAS_NORM": False},
-    ),
+        {
+            "GROUP": 4,
+            "GROUP_P2": 4,
+            "ROWS_PAD": 16,
+            "MULTI": False,
+            "HEAD_DIM": 128,
+            "BLOCK_SIZE": 64,
+            "TILE_N": 64,
+            "DIRECT": False,
+            "DOT_PRECISION": "tf32",
+            "ROPE_IN": True,
+            "HAS_NORM": True,
+            "QUERIES_P2": 1,
+            "PREFETCH_TILES": 0,
+            "LINE_ELEMENTS": 64,
+            "LINES_PER_ROW": 2,
+        },
+    ),  # fmt: skip
+    (
+        triton_decode._decode_partial,
+        {
+            "GROUP": 4,
+            "GROUP_P2": 4,
+            "ROWS_PAD": 16,
+            "MULTI": False,
+            "HEAD_DIM": 128,
+            "BLOCK_SIZE": 16,
+            "TILE_N": 64,
+            "DIRECT": False,
+            "DOT_PRECISION": "tf32",
+            "ROPE_IN": False,
+            "HAS_NORM": False,
+            "QUERIES_P2": 1,
+            "PREFETCH_TILES": 2,  # device.prefetch_decode_kv
+            "LINE_ELEMENTS": 64,
+            "LINES_PER_ROW": 2,
+        },
+    ),  # fmt: skip
     (triton_decode._merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
 ]
 
