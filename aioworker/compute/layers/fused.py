@@ -22,14 +22,10 @@ def _add_rms_norm_kernel(
     stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
-    # The norm's weight, which no kernel of the step writes: with PDL it loads while this
-    # kernel waits on the one before it, rather than as a DRAM round trip after the wait. Held
-    # in its own dtype until used: two bf16 values a register.
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    wait_for_previous_kernel(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -38,7 +34,8 @@ def _add_rms_norm_kernel(
     x32 = x.to(tl.float32)
     variance = tl.sum(x32 * x32, axis=0) / num_cols
     normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (normed * w.to(tl.float32)).to(x.dtype), mask=mask)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(x.dtype), mask=mask)
 
 
 def add_rms_norm(

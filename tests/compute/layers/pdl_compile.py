@@ -2,8 +2,7 @@
 with programmatic dependent launch (compute/layers/pdl.py) other than the small-rows products
 (gemv/hopper_compile.py compiles those), with PDL on, and check that each waits on the kernel
 before it: its PTX holds griddepcontrol.wait (and where the decode kernel fetches its split's
-K and V into L2 first, device.prefetch_decode_kv, that the fetches come before the wait; and
-that the add-and-norm kernel loads its weight, which no kernel of the step writes, before it). Run by test_pdl.py in a process of its own,
+K and V into L2 first, device.prefetch_decode_kv, that the fetches come before the wait). Run by test_pdl.py in a process of its own,
 without TRITON_INTERPRET.
 
     python tests/compute/layers/pdl_compile.py    prints one line per kernel compiled
@@ -99,10 +98,6 @@ def main() -> None:
         ptx = compiled.asm["ptx"]
         waits = "griddepcontrol.wait" in ptx
         line = f"compiled {kernel.fn.__name__} {'waits' if waits else 'DOES NOT WAIT'}"
-        if kernel is fused._add_rms_norm_kernel:  # the norm's weight loads before the wait
-            weight = ptx.find("ld.global")
-            early = 0 <= weight < ptx.find("griddepcontrol.wait")
-            line += ", loads its weight while it waits" if early else ", DOES NOT LOAD FIRST"
         if constants.get("PREFETCH_TILES"):  # its fetches come before the wait
             fetch = ptx.find("prefetch.global.L2")
             early = 0 <= fetch < ptx.find("griddepcontrol.wait")
