@@ -120,10 +120,6 @@ class DeviceOptions(_Section):
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
     fused_rope_attention: bool = True
-    # CUDA, with pdl, attention_backend auto or triton: the decode kernel fetches the first
-    # tiles of its split of the context into L2 while it waits on the kernel before it. Off
-    # until W4 on the GPU measures it (docs/benchmarks.md).
-    prefetch_decode_kv: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -173,37 +173,3 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
     tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-6, "atol": 1e-6}
     for got, want in zip(caches[1], caches[0], strict=True):
         torch.testing.assert_close(got, want, **tolerance)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(
-    DEVICE == "cpu" or torch.cuda.get_device_capability() < (9, 0),
-    reason="PDL and the PTX prefetch: Hopper only",
-)
-@pytest.mark.parametrize("num_splits", [1, 4, 32])
-def test_prefetching_the_split_under_pdl_changes_nothing(num_splits) -> None:
-    """device.prefetch_decode_kv: each program fetches its split's K and V into L2 before it
-    waits; the output is bit for bit the output without (and the reference's)."""
-    from aioworker.compute.layers import pdl
-
-    generator = torch.Generator().manual_seed(num_splits)
-    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 32, 8, 128, 16, 256
-    context_lens = torch.tensor([1, TILE_N + 5, 9 * TILE_N + 3, 17], dtype=torch.int32)
-    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
-    block_tables = torch.randperm(num_blocks, generator=generator)[: batch * max_blocks]
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=generator).bfloat16().cuda()
-    v_cache = torch.randn(shape, generator=generator).bfloat16().cuda()
-    q = torch.randn(batch, num_heads, head_dim, generator=generator).bfloat16().cuda()
-    tables = block_tables.view(batch, max_blocks).int().cuda()
-    lens, scale = context_lens.cuda(), head_dim**-0.5
-    pdl.enable(True)
-    try:
-        plain = paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits)
-        fetched = paged_decode(q, k_cache, v_cache, tables, lens, scale, num_splits, prefetch=True)
-    finally:
-        pdl.enable(False)
-    assert torch.equal(plain, fetched)
-    expected = reference(q, k_cache, v_cache, tables, context_lens, scale)
-    error = ((fetched.double().cpu() - expected).norm() / expected.norm()).item()
-    assert error < 1e-2, error

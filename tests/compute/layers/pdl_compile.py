@@ -1,8 +1,7 @@
 """Compile, for Hopper (sm_90) and without a GPU, every kernel of a decode step that launches
 with programmatic dependent launch (compute/layers/pdl.py) other than the small-rows products
 (gemv/hopper_compile.py compiles those), with PDL on, and check that each waits on the kernel
-before it: its PTX holds griddepcontrol.wait (and where the decode kernel fetches its split's
-K and V into L2 first, device.prefetch_decode_kv, that the fetches come before the wait). Run by test_pdl.py in a process of its own,
+before it: its PTX holds griddepcontrol.wait. Run by test_pdl.py in a process of its own,
 without TRITON_INTERPRET.
 
     python tests/compute/layers/pdl_compile.py    prints one line per kernel compiled
@@ -50,29 +49,6 @@ KERNELS = [
             "ROPE_IN": True,
             "HAS_NORM": True,
             "QUERIES_P2": 1,
-            "PREFETCH_TILES": 0,
-            "LINE_ELEMENTS": 64,
-            "LINES_PER_ROW": 2,
-        },
-    ),  # fmt: skip
-    (
-        triton_decode._decode_partial,
-        {
-            "GROUP": 4,
-            "GROUP_P2": 4,
-            "ROWS_PAD": 16,
-            "MULTI": False,
-            "HEAD_DIM": 128,
-            "BLOCK_SIZE": 16,
-            "TILE_N": 64,
-            "DIRECT": False,
-            "DOT_PRECISION": "tf32",
-            "ROPE_IN": False,
-            "HAS_NORM": False,
-            "QUERIES_P2": 1,
-            "PREFETCH_TILES": 2,  # device.prefetch_decode_kv
-            "LINE_ELEMENTS": 64,
-            "LINES_PER_ROW": 2,
         },
     ),  # fmt: skip
     (triton_decode._merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
@@ -95,14 +71,8 @@ def main() -> None:
         constants = {**constants, "PDL": True}
         source = ASTSource(kernel, signature_of(kernel, constants), constants)
         compiled = triton.compile(source, HOPPER, {"num_warps": 4})
-        ptx = compiled.asm["ptx"]
-        waits = "griddepcontrol.wait" in ptx
-        line = f"compiled {kernel.fn.__name__} {'waits' if waits else 'DOES NOT WAIT'}"
-        if constants.get("PREFETCH_TILES"):  # its fetches come before the wait
-            fetch = ptx.find("prefetch.global.L2")
-            early = 0 <= fetch < ptx.find("griddepcontrol.wait")
-            line += ", prefetches while it waits" if early else ", DOES NOT PREFETCH FIRST"
-        print(line)
+        waits = "griddepcontrol.wait" in compiled.asm["ptx"]
+        print(f"compiled {kernel.fn.__name__} {'waits' if waits else 'DOES NOT WAIT'}")
 
 
 if __name__ == "__main__":

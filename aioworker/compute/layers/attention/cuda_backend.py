@@ -61,12 +61,9 @@ class CudaAttentionBackend:
     # Its decode kernel takes several query tokens per sequence: verify steps read paged KV.
     verifies_paged = True
 
-    def __init__(
-        self, block_size: int, rope_in_decode: bool = False, prefetch_kv: bool = False
-    ) -> None:
+    def __init__(self, block_size: int, rope_in_decode: bool = False) -> None:
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
-        self.prefetch_kv = prefetch_kv  # device.prefetch_decode_kv
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
@@ -129,7 +126,6 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
-            prefetch=self.prefetch_kv,
         )
 
 

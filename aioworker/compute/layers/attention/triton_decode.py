@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.fused import norm_rope_rows
-from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
+from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
 
 
@@ -94,20 +94,11 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
-    PREFETCH_TILES: tl.constexpr,
-    LINE_ELEMENTS: tl.constexpr,
-    LINES_PER_ROW: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if PREFETCH_TILES > 0:  # with PDL: while the kernel before this one finishes
-        _prefetch_split(
-            context_lens_ptr + seq, block_tables_ptr + seq * stride_bt_seq, k_cache_ptr,
-            v_cache_ptr, kv_head * stride_k_head, split, num_splits, stride_k_block,
-            stride_k_slot, BLOCK_SIZE, TILE_N, PREFETCH_TILES, LINE_ELEMENTS, LINES_PER_ROW,
-        )  # fmt: skip
-    wait_for_previous_kernel(PDL)
     context_len = tl.load(context_lens_ptr + seq)
     num_tiles = tl.cdiv(context_len, TILE_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -191,37 +182,6 @@ def _decode_partial(
 
 
 @triton.jit
-def _prefetch_split(
-    context_len_ptr, table, k_cache_ptr, v_cache_ptr, head_offset, split, num_splits,
-    stride_k_block, stride_k_slot, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    TILES: tl.constexpr, LINE_ELEMENTS: tl.constexpr, LINES_PER_ROW: tl.constexpr,
-):  # fmt: skip
-    """The first TILES tiles of this program's split of the context, K and V, fetched into L2
-    before the program waits on the kernel before it (PDL), so that its loads after the wait
-    find them there instead of in DRAM. At batch 1 a split is about one tile, and the kernel
-    was three dependent DRAM round trips (length, block table, K and V) after the wait.
-
-    Before the wait a program may only read what no kernel of the step writes. The context
-    length and block table are: a decode graph computes them in its first kernels (torch's,
-    launched without PDL), which every kernel since has waited on. A fetch into L2 cannot go
-    stale: the step's new keys, written later (by the kernel before, or by this one with
-    rope_in), update L2's lines. Both loads skip L1 (.cg) all the same."""
-    context_len = tl.load(context_len_ptr, cache_modifier=".cg")
-    num_tiles = tl.cdiv(context_len, TILE_N)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    first = split * tiles_per_split * TILE_N
-    end = tl.minimum(first + tl.minimum(tiles_per_split, TILES) * TILE_N, context_len)
-    pos = first + tl.arange(0, TILES * TILE_N)
-    valid = pos < end
-    block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0, cache_modifier=".cg")
-    row = block.to(tl.int64) * stride_k_block + (pos % BLOCK_SIZE) * stride_k_slot + head_offset
-    row = tl.where(valid, row, 0)  # past the split: the cache's first line, harmless
-    lines = tl.arange(0, LINES_PER_ROW) * LINE_ELEMENTS  # a row's 128-byte lines
-    prefetch_to_l2(k_cache_ptr + row[:, None] + lines[None, :])
-    prefetch_to_l2(v_cache_ptr + row[:, None] + lines[None, :])
-
-
-@triton.jit
 def _write_new_kv(
     k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, table,
     kv_head, query_start, num_queries, context_len, first_pos, end_pos, stride_new_seq,
@@ -295,8 +255,6 @@ def _merge_splits(
 
 
 TILE_N = 64
-PREFETCH_TILES = 2  # per program, with `prefetch`: at batch 1 a split is about one tile
-LINE_BYTES = 128  # what a prefetch fetches
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
 
@@ -320,7 +278,6 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -328,9 +285,7 @@ def paged_decode(
     query count of each [B] int32, the largest count): a sequence's queries are its last
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
-    the kernel norms and rotates them and writes the new k and v to the cache itself.
-    `prefetch` (device.prefetch_decode_kv): where launched with PDL, each program fetches its
-    split's first PREFETCH_TILES tiles into L2 while it waits."""
+    the kernel norms and rotates them and writes the new k and v to the cache itself."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -381,9 +336,6 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        PREFETCH_TILES=PREFETCH_TILES if prefetch and options else 0,
-        LINE_ELEMENTS=LINE_BYTES // k_cache.element_size(),
-        LINES_PER_ROW=max(1, head_dim * k_cache.element_size() // LINE_BYTES),
         **options,
     )  # fmt: skip
     if not direct:
