@@ -44,11 +44,6 @@
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
 #                                 defaults against model.quantize_lm_head (the head read from a
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
-#   tools/gpu_issue22.sh early    two candidates built on the CPU: early reads under PDL
-#                                 (device.pdl_early_reads: the decode kernel's L2 prefetch, the
-#                                 norm's weight) and split sums added by the norm after them
-#                                 (device.fused_reduce_norm): their GPU tests, then W4 bf16 and
-#                                 fp8 with each against the defaults
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
@@ -284,18 +279,6 @@ case "${1:-}" in
     echo "== argmax"; tail -1 "$out/argmax_tests.log"
     echo "== profile (fp8, PDL off)"; grep -E "ms/step|per step|_chunk_maxima|_best_chunk|at::native::reduce" "$out/profile.log" | head -6
     echo "== w4"; tail -8 "$out/w4_h.log"
-    ;;
-  early)  # the two candidates' GPU tests, then W4 bf16 and fp8 (8B and 0.6B) with each against
-          # the defaults
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/test_triton_decode.py tests/compute/test_fused.py \
-      tests/compute/layers/test_split_sums.py tests/compute/layers/gemv/test_method.py \
-      > "$out/early_tests.log" 2>&1
-    w4 none,fp8 170 kv --candidate device.pdl_early_reads=true
-    w4 none,fp8 170 rn --candidate device.fused_reduce_norm=true
-    echo "== tests"; tail -1 "$out/early_tests.log"; grep -E "^FAILED|^E  " "$out/early_tests.log" | head -6
-    echo "== w4 early reads"; tail -8 "$out/w4_kv.log"
-    echo "== w4 split sums in the norm"; tail -8 "$out/w4_rn.log"
     ;;
   profile)  # kernels per step and GPU time, the defaults against all three fusions on
     fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"

@@ -72,7 +72,7 @@ def test_repeats_alternate_the_order_and_report_medians(monkeypatch) -> None:
 
     monkeypatch.setattr(gpu_decode_floor, "measure", fake_measure)
     limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
-    candidate = {"device.fused_reduce_norm": True}
+    candidate = {"device.pdl": True}
     table, notes = gpu_decode_floor.run(
         limits, False, ("none",), candidate, models=("qwen3-0.6b",), repeats=3
     )
