@@ -91,3 +91,10 @@ def test_an_unknown_model_or_no_runs_is_refused_by_name(capsys) -> None:
     assert "llama-70b" in capsys.readouterr().err
     assert main(["bench", "--workload", "w4", "--w4-repeats", "0"]) == 2
     assert "--w4-repeats" in capsys.readouterr().err
+
+
+def test_the_clis_model_names_are_w4s() -> None:
+    """--w4-models is checked against names the CLI keeps without importing torch."""
+    from aioworker.cli.bench_gpu import W4_MODELS
+
+    assert set(W4_MODELS) == {model_dir.name for model_dir, _ in gpu_decode_floor.GOALS_MS}
