@@ -46,6 +46,7 @@
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
+# W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
 # After a kernel change, in this order: `refine` (commit the table it writes), `candidates`,
@@ -65,7 +66,7 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
         # arguments go to the bench (--candidate KEY=VALUE)
   local formats="$1" limit="$2" name="$3"; shift 3
   timeout "$limit" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
-    --workload w4 --w4-formats "$formats" --no-reference --record docs/benchmarks.md "$@" \
+    --workload w4 --w4-formats "$formats" --w4-repeats "${W4_REPEATS:-1}" --no-reference --record docs/benchmarks.md "$@" \
     > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
