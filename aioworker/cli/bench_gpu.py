@@ -48,9 +48,9 @@ def run_gpu(
     workloads: list[str],
     with_reference: bool,
     record: str | None,
-    w9_users: int = 128,
-    w4: W4Choice | None = None,
-    candidate: dict | None = None,
+    w9_users: int,
+    w4: W4Choice,
+    candidate: dict | None,
 ) -> int:
     from aioworker.bench import (
         gpu,
@@ -63,7 +63,6 @@ def run_gpu(
     )
     from aioworker.bench.report import append_to_doc
 
-    w4 = w4 or W4Choice(W4_FORMATS, W4_MODELS, 1)
     limits = gpu.measure_limits()
     print(
         f"measured: copy {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s",
