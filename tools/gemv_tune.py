@@ -236,6 +236,12 @@ def main() -> None:
         default="none,fp8,wint8,wint4",
         help="the weight formats to sweep, comma-separated (the others keep their entries)",
     )
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="only these shapes, comma-separated: a model (llama-3.1-8b) or a model and its "
+        "projection (llama-3.1-8b:qkv); the others keep their entries (default: all)",
+    )
     args = parser.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--smoke runs under Triton's interpreter: set TRITON_INTERPRET=1")
@@ -257,6 +263,8 @@ def main() -> None:
     for (model, proj), (channels, depth, gated, formats) in (
         SMOKE_SHAPES if args.smoke else SHAPES
     ).items():
+        if not wanted(model, proj, args.shapes):
+            continue
         for fmt in (f for f in formats if f in args.formats.split(",")):
             if fmt == "wint4" and depth % args.int4_group:
                 continue  # no whole groups (a --smoke shape)
@@ -290,6 +298,13 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(lines))
+
+
+def wanted(model: str, proj: str, shapes: str) -> bool:
+    """Whether --shapes (a comma-separated list of models and model:projection names, or '' for
+    all) takes this shape."""
+    names = [name for name in shapes.split(",") if name]
+    return not names or model in names or f"{model}:{proj}" in names
 
 
 def written_table_path(name: str) -> Path:

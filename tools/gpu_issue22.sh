@@ -38,14 +38,15 @@
 #   tools/gpu_issue22.sh verify   after a sweep: the stored formats' kernel tests, the every-shape
 #                                 test and the composed tests, with a cold compiler's time limits
 #   tools/gpu_issue22.sh group128 int4's blocks tests, a refine sweep of wint4 in groups of 128
-#                                 (int4g128 keys; commit the table), W4 wint4: groups of 32 (the
-#                                 default) against 128 (model.int4_group)
+#                                 (int4g128 keys; commit the table), W4 wint4: groups of 128 (W4's
+#                                 wint4) against 32 (the engine's default, model.int4_group=32)
 #   tools/gpu_issue22.sh head     the quantized engines' GPU tests (a quantized LM head among them),
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
 #                                 defaults against model.quantize_lm_head (the head read from a
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
+# SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
@@ -259,10 +260,10 @@ case "${1:-}" in
     if [ "${SWEEP_S:-200}" -gt 0 ]; then  # SWEEP_S=0: none (the groups take 32's tiles)
       timeout $(( ${SWEEP_S:-200} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
         --budget-s "${SWEEP_S:-200}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
-        > "$out/gemv_tune.log" 2>&1
+        ${SHAPES:+--shapes "$SHAPES"} > "$out/gemv_tune.log" 2>&1
       keep_table
     fi
-    w4 wint4 150 g --candidate model.int4_group=128
+    w4 wint4 150 g --candidate model.int4_group=32  # W4 measures groups of 128
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"

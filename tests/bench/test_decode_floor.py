@@ -32,6 +32,28 @@ def test_rows_for_the_formats_asked_with_the_speed_up_and_the_floor(monkeypatch)
     assert "4.00 TB/s" in notes
 
 
+def test_wint4_is_measured_in_groups_of_128_on_both_sides_unless_a_candidate_says(
+    monkeypatch,
+) -> None:
+    """Issue 23's goals and gpt-fast's figure are for groups of 128 inputs; the engine's own
+    default (32) would read a quarter more scale bytes than the format the goal names."""
+    measured = []
+
+    def fake_measure(model_dir, fmt, settings):
+        measured.append((fmt, settings))
+        return 2_000_000_000, 2.0, 2.2
+
+    monkeypatch.setattr(gpu_decode_floor, "measure", fake_measure)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    _, notes = gpu_decode_floor.run(limits, False, ("fp8", "wint4"), models=("llama-3.1-8b",))
+    assert [s.get("model.int4_group") for fmt, s in measured if fmt == "wint4"] == [128, 128]
+    assert all("model.int4_group" not in s for fmt, s in measured if fmt == "fp8")
+    assert "groups of 128" in notes
+    measured.clear()
+    gpu_decode_floor.run(limits, False, ("wint4",), {"model.int4_group": 32}, ("llama-3.1-8b",))
+    assert [s["model.int4_group"] for _, s in measured] == [128, 32]
+
+
 def test_an_unknown_format_is_refused_by_name(capsys) -> None:
     assert main(["bench", "--workload", "w4", "--w4-formats", "none,int3"]) == 2
     assert "int3" in capsys.readouterr().err
