@@ -81,7 +81,7 @@ def blocks_candidates(channels: int, depth: int, gated: bool, sms: int) -> list[
     return found
 
 
-def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
+def neighbours(base: Tiles, fmt: str, pdl_on: bool = False, int4_group: int = 32) -> list[Tiles]:
     """`base` and the tilings one step from it, and with each option the format has toggled
     (a8 for fp8's dot tiles, bits for a quantized format's tiles, fold for split K, wide_x for
     FMA tiles of a stored format, words for int8's, ahead for int4's blocks, pipelined for FMA
@@ -101,8 +101,9 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False) -> list[Tiles]:
         found.append(r(base, a8=not base.a8))
     if fmt != "none":
         found.append(r(base, bits=not base.bits))
-        if fmt == "wint4" and base.dot and not base.bits:  # bits dot tiles: one group a step
-            found.append(r(base, bits=True, block_k=32))  # the on-load format groups 32
+        if fmt == "wint4" and base.dot and not base.bits:  # bits dot tiles: a step within a
+            # group (on int4's blocks: the raw tiles, int4_blocks_dot.py)
+            found.append(r(base, bits=True, block_k=min(base.block_k, int4_group or 32)))
     if base.splits > 1:
         found.append(r(base, fold=not base.fold))
     if base.blocks:  # each step's words read during the step before, in registers
@@ -143,20 +144,23 @@ def refined(
 
     rule = rule_tiles(channels, depth, gated, sms)
     on = bool(pdl.launch_options())
-    found = neighbours(tuned(rows) or rule, fmt, on) + [rule]
+    found = neighbours(tuned(rows) or rule, fmt, on, int4_group) + [rule]
     if fmt == "wint4":  # int4's blocks on tensor cores: every row count
         tensor_cores = Tiles(True, 128, 256, rule.splits, num_warps=4, num_stages=1, blocks=True)
-        found += neighbours(tensor_cores, fmt, on)
+        found += neighbours(tensor_cores, fmt, on, int4_group)
+        if (int4_group or 32) >= 64:  # raw tiles: a step of one group (int4_blocks_dot.py)
+            raw = dataclasses.replace(tensor_cores, block_k=min(128, int4_group), bits=True)
+            found += neighbours(raw, fmt, on, int4_group)
     if rows == 1:
         fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
-        found += neighbours(fma, fmt, on)
+        found += neighbours(fma, fmt, on, int4_group)
         if fmt == "wint4":
             blocks = Tiles(False, 64, 256, rule.splits, num_warps=2, num_stages=4, blocks=True)
-            found += neighbours(blocks, fmt, on)
+            found += neighbours(blocks, fmt, on, int4_group)
         # The 2-8 rows' tiles too: dot tiles pad one row to 16 as they pad 8, and fp8's a8
         # tiles (chosen there) multiply on fp8 tensor cores without widening any weight.
         few = tuned(2)
         if few is not None:
-            found += neighbours(few, fmt, on)
+            found += neighbours(few, fmt, on, int4_group)
     fits = [t for t in found if depth // t.splits >= t.block_k and (t.dot or rows == 1)]
     return list(dict.fromkeys(fits))

@@ -37,8 +37,9 @@
 #                                 limit) off against on, W1, the every-shape and composed tests
 #   tools/gpu_issue22.sh verify   after a sweep: the stored formats' kernel tests, the every-shape
 #                                 test and the composed tests, with a cold compiler's time limits
-#   tools/gpu_issue22.sh group128 int4's blocks tests, a refine sweep of wint4 in groups of 128
-#                                 (int4g128 keys; commit the table), W4 wint4: groups of 128 (W4's
+#   tools/gpu_issue22.sh group128 int4's blocks tests (the raw tiles' among them), a refine sweep
+#                                 of wint4 in groups of 128 (raw tiles among its candidates;
+#                                 int4g128 keys; commit the table), W4 wint4: groups of 128 (W4's
 #                                 wint4) against 32 (the engine's default, model.int4_group=32)
 #   tools/gpu_issue22.sh head     the quantized engines' GPU tests (a quantized LM head among them),
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
@@ -256,7 +257,8 @@ case "${1:-}" in
   group128)  # wint4 in groups of 128, the issue's format: tested, swept, W4 beside groups of 32
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_choice.py \
-      -k "128 or method or group" > "$out/gemv_tests.log" 2>&1
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "128 or method or group or raw" \
+      > "$out/gemv_tests.log" 2>&1
     if [ "${SWEEP_S:-200}" -gt 0 ]; then  # SWEEP_S=0: none (the groups take 32's tiles)
       timeout $(( ${SWEEP_S:-200} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
         --budget-s "${SWEEP_S:-200}" --write-table --refine --pdl --formats wint4 --int4-group 128 \

@@ -69,12 +69,14 @@ _WORD_AS_FLOAT32 = tl.constexpr("""{
 def blocks_operands(
     w_ptr, group_scale_ptr, group_offset_ptr, w_rows, in_range, k0, stride_w, stride_group_row,
     stride_group, depth, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+    ONE_GROUP: tl.constexpr = False,
 ):  # fmt: skip
     """What one step of K from k0 reads of W's rows `w_rows` (blocks layout, [N, K / 8] int32):
     the words [rows, BLOCK_K / 32, 4], and each block's group scale and offset [rows,
-    BLOCK_K / 32] as stored. Loaded apart from their use, so that a step can be read while the
-    one before is multiplied (Tiles.ahead). Rows past N read row 0 (their sums are never
-    stored: no load is predicated per row); past K: zeros."""
+    BLOCK_K / 32] as stored (ONE_GROUP, a step within one group: the group's, [rows, 1]).
+    Loaded apart from their use, so that a step can be read while the one before is multiplied
+    (Tiles.ahead). Rows past N read row 0 (their sums are never stored: no load is predicated
+    per row); past K: zeros."""
     BLOCKS: tl.constexpr = BLOCK_K // BLOCK
     blocks = k0 // BLOCK + tl.arange(0, BLOCKS)
     w_rows = tl.where(in_range, w_rows, 0)
@@ -89,19 +91,25 @@ def blocks_operands(
     words_at = w_rows[:, None] * stride_w + units[None, :]
     if EVEN_K:
         words = tl.load(w_ptr + words_at)
-        if INT4_GROUP > BLOCK and BLOCK_K >= INT4_GROUP:
-            # whole groups of several blocks: each group's scale loaded once, then spread over
-            # its blocks (a load per block would repeat the address arithmetic of each)
-            groups = k0 // INT4_GROUP + tl.arange(0, BLOCK_K // INT4_GROUP)
-            group_at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
-            s = _spread(tl.load(group_scale_ptr + group_at), INT4_GROUP // BLOCK)
-            o = _spread(tl.load(group_offset_ptr + group_at), INT4_GROUP // BLOCK)
-        else:
-            s = tl.load(group_scale_ptr + at)
-            o = tl.load(group_offset_ptr + at)
     else:  # a split may pass K
-        group_mask = (blocks < depth // BLOCK)[None, :]
         words = tl.load(w_ptr + words_at, mask=(units < depth // 8)[None, :], other=0)
+    if ONE_GROUP:  # [rows, 1]: the step's group (past K: zeros)
+        group_at = w_rows[:, None] * stride_group_row + (k0 // INT4_GROUP) * stride_group
+        in_k = tl.full((1, 1), k0, tl.int32) < depth
+        s = tl.load(group_scale_ptr + group_at, mask=in_k, other=0.0)
+        o = tl.load(group_offset_ptr + group_at, mask=in_k, other=0.0)
+    elif EVEN_K and INT4_GROUP > BLOCK and BLOCK_K >= INT4_GROUP:
+        # whole groups of several blocks: each group's scale loaded once, then spread over its
+        # blocks (a load per block would repeat the address arithmetic of each)
+        groups = k0 // INT4_GROUP + tl.arange(0, BLOCK_K // INT4_GROUP)
+        group_at = w_rows[:, None] * stride_group_row + groups[None, :] * stride_group
+        s = _spread(tl.load(group_scale_ptr + group_at), INT4_GROUP // BLOCK)
+        o = _spread(tl.load(group_offset_ptr + group_at), INT4_GROUP // BLOCK)
+    elif EVEN_K:
+        s = tl.load(group_scale_ptr + at)
+        o = tl.load(group_offset_ptr + at)
+    else:
+        group_mask = (blocks < depth // BLOCK)[None, :]
         s = tl.load(group_scale_ptr + at, mask=group_mask, other=0.0)
         o = tl.load(group_offset_ptr + at, mask=group_mask, other=0.0)
     return tl.reshape(words, (w_rows.shape[0], BLOCKS, 4)), s, o

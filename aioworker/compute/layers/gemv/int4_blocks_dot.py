@@ -28,6 +28,14 @@ over K, so x's slice, loaded in K's order, is put in the columns' order (x is 1 
 to 128): loaded in the columns' order, a value at a time, x cost 0.6 instructions a weight more.
 Rows of another dtype than bf16, and the interpreter (ASM = 2), get the same tile from Triton's
 operations, in float32.
+
+With `Tiles.bits` a step lies within one group (groups of 64 or 128: a step of at most a group),
+and the tile is left as the LOP3 makes it: 128 + 8 q, exact in bf16 (`_RAW_PAIRS_AS_BF16`, 7
+instructions a word, ~0.9 a weight). The tensor cores multiply those, and what the values lack
+comes off the step's sums once per channel and row (`group_scaled`): the sum is
+d = sum x (128 + 8 q), so sum x (q - 8) = (d - 192 X) / 8 with X the step's sum of x, and the
+product adds s (d - 192 X) / 8 + o X. The float32 sums keep x (128 + 8 q) to ~2^-24 of ~200 |x|:
+the subtraction costs ~2^-17 of a step's sum where the bf16 tile would round each value to 2^-9.
 """
 
 from __future__ import annotations
@@ -67,6 +75,23 @@ _PAIRS_AS_BF16 = tl.constexpr("""{
 }""")
 
 
+# $4: a word of the blocks layout (as two int16); $0..$3: pair t = (value t, value t + 4) as
+# bf16x2 128 + 8 q: `_PAIRS_AS_BF16` without its subtract and FMA (group_scaled applies them).
+_RAW_PAIRS_AS_BF16 = tl.constexpr("""{
+    .reg .b32 k, r1, r2, r3;
+    mov.b32 k, 0x00780078;
+    shf.r.wrap.b32 r1, $4, $4, 4;
+    shf.r.wrap.b32 r2, $4, $4, 8;
+    shf.r.wrap.b32 r3, $4, $4, 12;
+    lop3.b32 $0, $4, k, 0x43004300, 0x62;
+    lop3.b32 $1, r1, k, 0x43004300, 0x62;
+    lop3.b32 $2, r2, k, 0x43004300, 0x62;
+    lop3.b32 $3, r3, k, 0x43004300, 0x62;
+}""")
+RAW_OFFSET = tl.constexpr(192.0)  # a raw value is 128 + 8 q = 8 (q - 8) + 192
+RAW_SCALE = tl.constexpr(0.125)
+
+
 @triton.jit
 def in_k_order(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """x [rows, BLOCK_K], loaded in K's order (vector loads), its columns put in the order
@@ -99,6 +124,35 @@ def dequantized_tile(
 
 
 @triton.jit
+def raw_tile(words, dtype: tl.constexpr, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):  # fmt: skip
+    """One step of K of W's rows as 128 + 8 q in `dtype` (exact in bf16, fp16 and float32), its
+    columns in `in_k_order`'s, from the words [N, BLOCK_K / 32, 4]: for `group_scaled`."""
+    BLOCKS: tl.constexpr = BLOCK_K // BLOCK
+    if ASM == 1:
+        halves = tl.join(words.to(tl.int16), (words >> 16).to(tl.int16))
+        pairs = tl.inline_asm_elementwise(
+            _RAW_PAIRS_AS_BF16, "=r,=r,=r,=r,r", [halves], dtype=(tl.bfloat16,) * 4,
+            is_pure=True, pack=2,
+        )  # fmt: skip
+        tile = in_pair_order(pairs[0], pairs[1], pairs[2], pairs[3], BLOCK_N, BLOCKS)
+    else:
+        tile = _pairs_by_triton(words, 0.0, 0.0, BLOCK_N, BLOCKS, RAW=True).to(dtype)
+    return tl.reshape(tl.permute(tile, (0, 1, 3, 6, 5, 2, 4)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def group_scaled(acc, sums, x_sums, s, o):
+    """acc [N, rows] plus a step's product within one group: `sums` [N, rows] of x times the raw
+    tile, `x_sums` [rows] of x over the step, s and o [N, 1] the group's scale and offset."""
+    # s (d - 192 X) / 8 + o X as s/8 d + (o - 24 s) X: two FMAs an element, the per-channel
+    # factors made once a step in float32 (exact: 24 s needs 13 of its 24 bits)
+    s = s.to(tl.float32)
+    x_factor = o.to(tl.float32) - RAW_OFFSET * RAW_SCALE * s
+    return acc + sums * (s * RAW_SCALE) + x_factor * x_sums[None, :]
+
+
+@triton.jit
 def _pairs_by_ptx(packed, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
     """bf16 pairs in `in_pair_order`'s shape. Each word is split into two int16, so that one asm
     instance takes the word's two halves and gives two bf16 a register: the halves are
@@ -128,8 +182,10 @@ def in_pair_order(pair0, pair1, pair2, pair3, BLOCK_N: tl.constexpr, BLOCKS: tl.
 
 
 @triton.jit
-def _pairs_by_triton(words, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
-    """The same values in float32 from Triton's operations, in `in_pair_order`'s shape."""
+def _pairs_by_triton(words, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr,
+                     RAW: tl.constexpr = False):  # fmt: skip
+    """The same values in float32 from Triton's operations, in `in_pair_order`'s shape (RAW:
+    `raw_tile`'s, 128 + 8 q)."""
     G: tl.constexpr = min(GROUP, BLOCKS)
     bits = tl.reshape(words, (BLOCK_N, BLOCKS // G, G, 4)).to(tl.uint32, bitcast=True)
     unrotated = (bits >> ROTATION) | (bits << (32 - ROTATION))
@@ -139,6 +195,9 @@ def _pairs_by_triton(words, s, o, BLOCK_N: tl.constexpr, BLOCKS: tl.constexpr):
         + 2 * tl.arange(0, 2)[None, None, :]
     )
     q = (unrotated[:, :, :, :, None, None, None] >> shifts[None, None, None, None, :, :, :]) & 0xF
-    s = tl.reshape(s, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
-    o = tl.reshape(o, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
-    return (q.to(tl.float32) - 8.0) * s + o
+    values = q.to(tl.float32) * 8.0 + 128.0  # RAW (no early return: a constexpr branch's is
+    if not RAW:  # compiled through)
+        s = tl.reshape(s, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
+        o = tl.reshape(o, (BLOCK_N, BLOCKS // G, G))[:, :, :, None, None, None, None]
+        values = (q.to(tl.float32) - 8.0) * s + o
+    return values

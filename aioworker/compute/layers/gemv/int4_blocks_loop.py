@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gemv.int4_blocks import blocks_operands, int4_block_step
-from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile
+from aioworker.compute.layers.gemv.int4_blocks_dot import dequantized_tile, group_scaled, raw_tile
 from aioworker.compute.layers.gemv.rows import accumulate, x_step
 
 
@@ -20,9 +20,11 @@ def int4_blocks_loop(
     stride_group, depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, INT4_BLOCKS: tl.constexpr, AHEAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
-    """The K loop on int4's blocks layout (int4_blocks.py, int4_blocks_dot.py). AHEAD: each step
+    """The K loop on int4's blocks layout (int4_blocks.py, int4_blocks_dot.py). BITS (tensor
+    cores, a step within one group): the raw tile, scaled once a step (int4_blocks_dot.py's
+    `group_scaled`). AHEAD: each step
     reads the next step's operands before it multiplies its own, which were read during the step
     before; the last step is peeled off the loop, so that no step reads past its slice and the
     addresses stay a step apart (no clamp, no predicate)."""
@@ -30,20 +32,21 @@ def int4_blocks_loop(
         gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
             w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, first,
             stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K, INT4_GROUP, BLOCK_K,
+            DOT and BITS,
         )  # fmt: skip
         for start in tl.range(0, k_per_split - BLOCK_K, BLOCK_K):
             next_gate_w, next_gate_s, next_gate_o, next_up_w, next_up_s, next_up_o = (
                 _blocks_operands(
                     w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
                     first + start + BLOCK_K, stride_w, stride_group_row, stride_group, depth, GATED,
-                    EVEN_K, INT4_GROUP, BLOCK_K,
+                    EVEN_K, INT4_GROUP, BLOCK_K, DOT and BITS,
                 )
             )  # fmt: skip
             gate_acc, up_acc, squares_sum = _int4_blocks_step(
                 gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
                 first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS,
             )  # fmt: skip
             gate_w, gate_s, gate_o = next_gate_w, next_gate_s, next_gate_o
             up_w, up_s, up_o = next_up_w, next_up_s, next_up_o
@@ -51,20 +54,20 @@ def int4_blocks_loop(
             gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
             residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
             first + k_per_split - BLOCK_K, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS,
         )  # fmt: skip
     else:
         for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
             gate_w, gate_s, gate_o, up_w, up_s, up_o = _blocks_operands(
                 w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels,
                 first + start, stride_w, stride_group_row, stride_group, depth, GATED, EVEN_K,
-                INT4_GROUP, BLOCK_K,
+                INT4_GROUP, BLOCK_K, DOT and BITS,
             )  # fmt: skip
             gate_acc, up_acc, squares_sum = _int4_blocks_step(
                 gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
                 first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, NORMED,
-                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K,
+                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS,
             )  # fmt: skip
     return gate_acc, up_acc, squares_sum
 
@@ -76,11 +79,24 @@ def _int4_blocks_step(
     depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr,
 ):  # fmt: skip
     """One step of K from k0 on operands `_blocks_operands` read: x's rows (normed on tensor
-    cores) times the gate rows' dequantized tile, and the up rows' when GATED; on FMA tiles one
-    row, its x loaded again for the up rows, from L1."""
-    if DOT:
+    cores) times the gate rows' dequantized tile (BITS: raw tile, scaled after), and the up
+    rows' when GATED; on FMA tiles one row, its x loaded again for the up rows, from L1."""
+    if DOT and BITS:
+        x, _, squares_sum = x_step(
+            squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
+            num_rows, k0, stride_x, depth, False, EVEN_K, NORMED, HAS_RESIDUAL, False,
+            INT4_BLOCKS, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+        x_sums = tl.sum(x.to(tl.float32), axis=1)
+        w = raw_tile(gate_w, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
+        gate_acc = group_scaled(gate_acc, _dot(w, x, IEEE), x_sums, gate_s, gate_o)
+        if GATED:
+            w = raw_tile(up_w, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
+            up_acc = group_scaled(up_acc, _dot(w, x, IEEE), x_sums, up_s, up_o)
+    elif DOT:
         x, x_scale, squares_sum = x_step(
             squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
             num_rows, k0, stride_x, depth, False, EVEN_K, NORMED, HAS_RESIDUAL, False,
@@ -102,22 +118,33 @@ def _int4_blocks_step(
 
 
 @triton.jit
+def _dot(w, x, IEEE: tl.constexpr):
+    """w [N, BLOCK_K] @ x^T: [N, rows] float32 sums (IEEE: float32 rows, multiplied as such)."""
+    if IEEE:  # noqa: SIM108 - a constexpr branch
+        sums = tl.dot(w, tl.trans(x), input_precision="ieee")
+    else:
+        sums = tl.dot(w, tl.trans(x))
+    return sums
+
+
+@triton.jit
 def _blocks_operands(
     w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, num_channels, k0, stride_w,
     stride_group_row, stride_group, depth, GATED: tl.constexpr, EVEN_K: tl.constexpr,
-    INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+    INT4_GROUP: tl.constexpr, BLOCK_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):  # fmt: skip
     """What one step of K reads of int4's blocks layout (int4_blocks.blocks_operands): the gate
     rows' words, scales and offsets, then the up rows' when GATED (else the gate rows' again,
     unused)."""
     gate_w, gate_s, gate_o = blocks_operands(
         w_ptr, group_scale_ptr, group_offset_ptr, channels, in_range, k0, stride_w,
-        stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
+        stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K, ONE_GROUP,
     )  # fmt: skip
     up_w, up_s, up_o = gate_w, gate_s, gate_o
     if GATED:
         up_w, up_s, up_o = blocks_operands(
             w_ptr, group_scale_ptr, group_offset_ptr, channels + num_channels, in_range, k0,
             stride_w, stride_group_row, stride_group, depth, EVEN_K, INT4_GROUP, BLOCK_K,
+            ONE_GROUP,
         )  # fmt: skip
     return gate_w, gate_s, gate_o, up_w, up_s, up_o

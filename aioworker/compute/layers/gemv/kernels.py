@@ -127,7 +127,7 @@ def _small_rows_kernel(
             residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
             num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
             stride_group, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, INT4_GROUP, NORMED,
-            HAS_RESIDUAL, INT4_BLOCKS, AHEAD, BLOCK_N, BLOCK_K, FMA_STAGES,
+            HAS_RESIDUAL, INT4_BLOCKS, AHEAD, BLOCK_N, BLOCK_K, FMA_STAGES, BITS,
         )  # fmt: skip
     else:
         gate_acc, up_acc, squares_sum = _stored_loop(

@@ -16,7 +16,8 @@ class Tiles:
     weights, dot tiles): the rows quantized to e4m3 per step of K, multiplied on fp8 tensor
     cores (kernels.py). `bits` (quantized weights): widened by bit operations, not conversion
     instructions (widening.py); int4 on tensor cores then takes one group a step and scales
-    the sums, not the values. `fold`: split K's partial sums added
+    the sums, not the values (on int4's blocks: the raw tiles, 128 + 8 q, int4_blocks_dot.py,
+    a step within one group). `fold`: split K's partial sums added
     by the last of a tile's programs to arrive, not by a second kernel (kernels.py).
     `prefetch` (with device.pdl): each program fetches its first step of W into L2 while it
     waits on the kernel before. `wide_x` (FMA tiles of a stored format, not with the fused

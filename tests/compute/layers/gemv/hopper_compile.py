@@ -139,6 +139,13 @@ def main() -> None:
                                   AHEAD=True, **({"BLOCK_K": 256} if dot else {}))  # fmt: skip
         triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1})
         print(f"compiled int4-blocks dot={dot} gated={gated} ahead")
+    for gated in (True, False):  # int4's raw tiles (Tiles.bits on tensor cores), groups of 128:
+        # gated, uneven, split K and read a step ahead; plain and even
+        variant = product_variant("int4-blocks", gated, True, gated, not gated, "", aligned=True,
+                                  BITS=True, INT4_GROUP=128, BLOCK_K=128, AHEAD=gated)  # fmt: skip
+        ptx = triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1}).asm["ptx"]
+        assert "sub.rn.bf16x2" not in ptx, "a raw tile is left as the LOP3 makes it"
+        print(f"compiled int4-blocks dot=True gated={gated} raw")
     for dot in (True, False):  # int4's blocks for float32 rows: Triton's operations, not PTX
         variant = product_variant("int4-blocks", True, dot, True, False, "", x="*fp32",
                                   INT4_BLOCKS=2, IEEE=True)  # fmt: skip

@@ -207,6 +207,43 @@ def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
     assert not failures
 
 
+def test_raw_int4_tiles_in_groups_of_128_equal_the_reference_at_each_shape() -> None:
+    """int4's raw tiles (Tiles.bits on int4's blocks, int4_blocks_dot.py: the PTX's 128 + 8 q
+    multiplied by bf16 rows, each step's sums scaled) at 1, 3 and 8 rows, every shape of
+    configs/models/ and its TP=2 shards whose K holds groups of 128, split K added by a second
+    kernel, folded, and read a step ahead."""
+    from aioworker.compute.layers.gemv.product import small_rows_product
+    from aioworker.compute.layers.gemv.tiles import Tiles
+    from aioworker.compute.layers.quantized.weight_only import (
+        dequantize_int4_values,
+        pack_int4_blocks,
+    )
+
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if depth % 128:
+            continue
+        values = torch.randint(0, 16, (channels, depth), device="cuda", dtype=torch.uint8)
+        scales = (torch.rand(channels, depth // 128, device="cuda") * 0.02).bfloat16()
+        offsets = (torch.randn(channels, depth // 128, device="cuda") * 0.002).bfloat16()
+        dense = dequantize_int4_values(values, scales, offsets)
+        blocks = pack_int4_blocks(values)
+        for rows, tiles in ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, blocks=True, bits=True)),
+                            (3, Tiles(True, 64, 64, 2, 4, blocks=True, bits=True, fold=True)),
+                            (8, Tiles(True, 128, 128, 4, 4, num_stages=1, blocks=True, bits=True,
+                                      ahead=True))):  # fmt: skip
+            if depth // tiles.splits < tiles.block_k:
+                continue
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            want = reference(x, dense, gated)
+            got = small_rows_product(x, blocks, tiles, None, gated,
+                                     int4_groups=(scales, offsets))  # fmt: skip
+            error = ((got.float() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                failures.append((channels, depth, gated, rows, tiles, error))
+    assert not failures
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "int8", "int4", "int4-words"])
 def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
     """Weights widened by bit operations (widening.py), on the FMA tiles at one row and on the

@@ -189,6 +189,58 @@ def test_tensor_core_tiles_take_the_residual_add_and_norm() -> None:
         torch.testing.assert_close(add_norm.residual_out.cpu(), h)
 
 
+# Raw tiles (Tiles.bits on tensor cores): a step within one group, the tile left at 128 + 8 q
+# and each step's sums scaled (int4_blocks_dot.group_scaled).
+RAW_TILES = [
+    Tiles(blocks=True, bits=True, block_n=16, block_k=128),  # a step of one group
+    Tiles(blocks=True, bits=True, block_n=32, block_k=64, splits=3),  # half a group, past K
+    Tiles(blocks=True, bits=True, block_n=16, block_k=64, splits=2, fold=True),
+    Tiles(blocks=True, bits=True, block_n=16, block_k=32, splits=2, ahead=True),
+]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("tiles", RAW_TILES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_raw_tensor_core_tiles_equal_the_dequantized_product(rows, tiles, gated) -> None:
+    """Groups of 128 and 64 (a checkpoint's, read in place): the raw values' sums less the
+    offsets' share (192 X) come to the product of the dequantized weights."""
+    g = torch.Generator().manual_seed(rows + 10 * gated)
+    for group in (g for g in (128, 64) if g >= tiles.block_k):
+        values = torch.randint(0, 16, (2 * 24, 640), generator=g, dtype=torch.uint8)
+        scales = torch.rand(48, 640 // group, generator=g) * 0.1
+        offsets = torch.randn(48, 640 // group, generator=g) * 0.05
+        x = torch.randn(rows, 640, generator=g) + 0.5  # x's sums far from zero
+        want = reference(x, dequantize_int4_values(values, scales, offsets), gated)
+        got = small_rows_product(x.to(DEVICE), pack_int4_blocks(values).to(DEVICE), tiles,
+                                 gated=gated, int4_groups=(scales.to(DEVICE), offsets.to(DEVICE)))  # fmt: skip
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_raw_tiles_take_the_residual_add_and_norm_and_refuse_a_step_across_groups() -> None:
+    """The step's sums of x are the normed x's, as the tensor cores multiply them; a step must
+    lie within one group (Tiles.int4_misfit)."""
+    g = torch.Generator().manual_seed(5)
+    x, residual = torch.randn(3, 256, generator=g), torch.randn(3, 256, generator=g)
+    norm_weight = torch.rand(256, generator=g) + 0.5
+    values = torch.randint(0, 16, (40, 256), generator=g, dtype=torch.uint8)
+    scales, offsets = torch.rand(40, 2, generator=g) * 0.1, torch.randn(40, 2, generator=g) * 0.05
+    h = x + residual
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
+    want = reference(normed, dequantize_int4_values(values, scales, offsets))
+    on_device = [t.to(DEVICE) for t in (x, residual, norm_weight, scales, offsets)]
+    add_norm = AddNorm(*on_device[1:3], 1e-5, torch.empty_like(on_device[0]))
+    blocks = pack_int4_blocks(values).to(DEVICE)
+    tiles = Tiles(blocks=True, bits=True, block_n=16, block_k=64, splits=2)
+    got = small_rows_product(on_device[0], blocks, tiles, int4_groups=tuple(on_device[3:]),
+                             add_norm=add_norm)  # fmt: skip
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(add_norm.residual_out.cpu(), h)
+    across = Tiles(blocks=True, bits=True, block_n=16, block_k=256)
+    with pytest.raises(ValueError, match="one group a step"):
+        small_rows_product(on_device[0], blocks, across, int4_groups=tuple(on_device[3:]))
+
+
 def test_groups_of_128_read_in_place_as_a_checkpoint_stores_them() -> None:
     """A group spans four blocks; scales and offsets strided as the [G, N, 2] tensor torch's
     int4 kernel keeps."""
