@@ -49,45 +49,26 @@ from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION
 # block's words (the module's note); a step of fewer blocks is one group.
 GROUP = tl.constexpr(4)
 
-# $4: a word of the blocks layout (as two int16); $5: s / 8 and $6: o, each twice (bf16x2);
-# $0..$3: pair t = (value t, value t + 4) dequantized, bf16x2. k holds both values' bits; LUT
-# 0x62 on (a, b = k, c = the immediate) is (a & b & ~c) | (~b & c): the bits under k, the
-# exponent of 2^7 (0x4300 a half) elsewhere.
-_PAIRS_AS_BF16 = tl.constexpr("""{
-    .reg .b32 k, c, r1, r2, r3, v;
-    mov.b32 k, 0x00780078;
-    mov.b32 c, 0x43404340;
-    shf.r.wrap.b32 r1, $4, $4, 4;
-    shf.r.wrap.b32 r2, $4, $4, 8;
-    shf.r.wrap.b32 r3, $4, $4, 12;
-    lop3.b32 v, $4, k, 0x43004300, 0x62;
-    sub.rn.bf16x2 v, v, c;
-    fma.rn.bf16x2 $0, v, $5, $6;
-    lop3.b32 v, r1, k, 0x43004300, 0x62;
-    sub.rn.bf16x2 v, v, c;
-    fma.rn.bf16x2 $1, v, $5, $6;
-    lop3.b32 v, r2, k, 0x43004300, 0x62;
-    sub.rn.bf16x2 v, v, c;
-    fma.rn.bf16x2 $2, v, $5, $6;
-    lop3.b32 v, r3, k, 0x43004300, 0x62;
-    sub.rn.bf16x2 v, v, c;
-    fma.rn.bf16x2 $3, v, $5, $6;
-}""")
+
+def _pairs_ptx(scaled: bool) -> str:
+    """PTX taking $4, a word of the blocks layout (as two int16), to $0..$3, pair t = (value t,
+    value t + 4) as bf16x2: the word rotated right by 4 t, its two values' bits kept under k and
+    bf16's exponent of 2^7 set elsewhere (LUT 0x62 on (a, b = k, c = the immediate) is
+    (a & b & ~c) | (~b & c)), which is 128 + 8 q. `scaled`: then less 192 (c) and times s / 8
+    ($5) plus o ($6), each twice: (q - 8) s + o; else left raw, for `group_scaled`."""
+    lines = ["mov.b32 k, 0x00780078;"] + (["mov.b32 c, 0x43404340;"] if scaled else [])
+    lines += [f"shf.r.wrap.b32 r{t}, $4, $4, {4 * t};" for t in (1, 2, 3)]
+    for t, rotated in enumerate(("$4", "r1", "r2", "r3")):
+        if scaled:
+            lines += [f"lop3.b32 v, {rotated}, k, 0x43004300, 0x62;", "sub.rn.bf16x2 v, v, c;",
+                      f"fma.rn.bf16x2 ${t}, v, $5, $6;"]  # fmt: skip
+        else:
+            lines.append(f"lop3.b32 ${t}, {rotated}, k, 0x43004300, 0x62;")
+    return "{\n    .reg .b32 k, c, r1, r2, r3, v;\n    " + "\n    ".join(lines) + "\n}"
 
 
-# $4: a word of the blocks layout (as two int16); $0..$3: pair t = (value t, value t + 4) as
-# bf16x2 128 + 8 q: `_PAIRS_AS_BF16` without its subtract and FMA (group_scaled applies them).
-_RAW_PAIRS_AS_BF16 = tl.constexpr("""{
-    .reg .b32 k, r1, r2, r3;
-    mov.b32 k, 0x00780078;
-    shf.r.wrap.b32 r1, $4, $4, 4;
-    shf.r.wrap.b32 r2, $4, $4, 8;
-    shf.r.wrap.b32 r3, $4, $4, 12;
-    lop3.b32 $0, $4, k, 0x43004300, 0x62;
-    lop3.b32 $1, r1, k, 0x43004300, 0x62;
-    lop3.b32 $2, r2, k, 0x43004300, 0x62;
-    lop3.b32 $3, r3, k, 0x43004300, 0x62;
-}""")
+_PAIRS_AS_BF16 = tl.constexpr(_pairs_ptx(scaled=True))
+_RAW_PAIRS_AS_BF16 = tl.constexpr(_pairs_ptx(scaled=False))
 RAW_OFFSET = tl.constexpr(192.0)  # a raw value is 128 + 8 q = 8 (q - 8) + 192
 RAW_SCALE = tl.constexpr(0.125)
 

@@ -119,6 +119,16 @@ def test_tensor_core_widening_dequantizes_each_pair_once(seed: int) -> None:
         assert got == want  # (q - 8) s + o, rounded to bf16 once
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_raw_tensor_core_widening_leaves_each_pair_at_128_plus_8q(seed: int) -> None:
+    """The raw tiles' PTX (Tiles.bits on int4's blocks): the scaled widening without its
+    subtract and FMA, each value exactly 128 + 8 q for `group_scaled` to take apart."""
+    values, word = _values_and_word(seed)
+    regs = run_ptx(int4_blocks_dot._RAW_PAIRS_AS_BF16.value, {"$4": word})
+    for t in range(4):
+        assert _bf16_pair(regs[f"${t}"]) == (128.0 + 8 * values[t], 128.0 + 8 * values[t + 4])
+
+
 def test_int8_words_widen_four_values_a_word_in_order() -> None:
     """widening.py's `words`: byte n of the word, the n-th value along K, as float32 q."""
     values = [-128, -1, 0, 127, 5, -77, 64, 33]
