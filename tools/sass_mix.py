@@ -11,6 +11,8 @@ the loop means a shared-memory exchange each step (that is how `wide_x` was foun
     python tools/sass_mix.py int4-blocks fma 64x512 --warps 2     int4's blocks layout
     python tools/sass_mix.py int8 fma 16x256 --wide-x --words --pipelined    W copied ahead
     python tools/sass_mix.py int4-blocks dot 128x256 --stages 1 --ahead   W read a step early
+    python tools/sass_mix.py int4-blocks dot 128x128 --stages 1 --bits --group 128 --one-row
+                                                            int4's raw tiles, one row
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def main() -> None:
     parser.add_argument(
         "--group", type=int, default=32, help="int4: K values a scale covers (checkpoints: 128)"
     )
+    parser.add_argument(
+        "--one-row", action="store_true", help="int4-blocks raw tiles (--bits): x one row"
+    )
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -105,7 +110,7 @@ def main() -> None:
         INT4_GROUP=args.group if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
         FMA_STAGES=args.stages if args.pipelined and not dot else None,
-        AHEAD=args.ahead and args.format == "int4-blocks",
+        AHEAD=args.ahead and args.format == "int4-blocks", ONE_ROW=args.one_row,
     )  # fmt: skip
     compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": args.stages})
     counts = opcode_counts(compiled.asm["cubin"])

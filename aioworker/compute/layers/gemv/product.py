@@ -116,7 +116,8 @@ def small_rows_product(
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
         LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
-        AHEAD=tiles.ahead, **options,
+        AHEAD=tiles.ahead, ONE_ROW=num_rows == 1 and tiles.dot and tiles.bits and tiles.blocks,
+        **options,
     )  # fmt: skip
     if splits > 1 and not fold:
         reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](

@@ -217,11 +217,13 @@ def test_raw_tensor_core_tiles_equal_the_dequantized_product(rows, tiles, gated)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
 
 
-def test_raw_tiles_take_the_residual_add_and_norm_and_refuse_a_step_across_groups() -> None:
-    """The step's sums of x are the normed x's, as the tensor cores multiply them; a step must
-    lie within one group (Tiles.int4_misfit)."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_raw_tiles_take_the_residual_add_and_norm_and_refuse_a_step_across_groups(rows) -> None:
+    """The step's sums of x are the normed x's, as the tensor cores multiply them (one row too,
+    where unnormed x is summed from its row alone); a step must lie within one group
+    (Tiles.int4_misfit)."""
     g = torch.Generator().manual_seed(5)
-    x, residual = torch.randn(3, 256, generator=g), torch.randn(3, 256, generator=g)
+    x, residual = torch.randn(rows, 256, generator=g), torch.randn(rows, 256, generator=g)
     norm_weight = torch.rand(256, generator=g) + 0.5
     values = torch.randint(0, 16, (40, 256), generator=g, dtype=torch.uint8)
     scales, offsets = torch.rand(40, 2, generator=g) * 0.1, torch.randn(40, 2, generator=g) * 0.05
