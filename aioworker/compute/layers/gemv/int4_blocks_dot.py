@@ -34,8 +34,13 @@ and the tile is left as the LOP3 makes it: 128 + 8 q, exact in bf16 (`_RAW_PAIRS
 instructions a word, ~0.9 a weight). The tensor cores multiply those, and what the values lack
 comes off the step's sums once per channel and row (`group_scaled`): the sum is
 d = sum x (128 + 8 q), so sum x (q - 8) = (d - 192 X) / 8 with X the step's sum of x, and the
-product adds s (d - 192 X) / 8 + o X. The float32 sums keep x (128 + 8 q) to ~2^-24 of ~200 |x|:
-the subtraction costs ~2^-17 of a step's sum where the bf16 tile would round each value to 2^-9.
+product adds s (d - 192 X) / 8 + o X, computed as s/8 d + (o - 24 s) X. The float32 sums keep
+x (128 + 8 q) to ~2^-24 of ~200 |x|: taking 24 s X off costs ~2^-17 of a step's sum, where the
+bf16 tile would round each value to 2^-9. What the tile saves (a subtract and an FMA a pair, 1.0
+instruction a weight), the step's sums of x (16 padded rows widened and added) and the two FMAs
+on the [N, 16] sums take much of back: ~2.5 a weight against ~2.8 (tools/sass_mix.py, 128x128,
+groups of 128). At one row (ONE_ROW) the sum comes from that row alone: 2.3, under the FMA
+tiles' 3.2. Which is faster is the sweep's to say.
 """
 
 from __future__ import annotations
