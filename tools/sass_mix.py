@@ -11,7 +11,7 @@ the loop means a shared-memory exchange each step (that is how `wide_x` was foun
     python tools/sass_mix.py int4-blocks fma 64x512 --warps 2     int4's blocks layout
     python tools/sass_mix.py int8 fma 16x256 --wide-x --words --pipelined    W copied ahead
     python tools/sass_mix.py int4-blocks dot 128x256 --stages 1 --ahead   W read a step early
-    python tools/sass_mix.py int4-blocks dot 128x128 --stages 1 --bits --group 128 --one-row
+    python tools/sass_mix.py int4-blocks dot 128x128 --stages 1 --bits --group 128 --x-rows 1
                                                             int4's raw tiles, one row
 """
 
@@ -94,8 +94,9 @@ def main() -> None:
         "--group", type=int, default=32, help="int4: K values a scale covers (checkpoints: 128)"
     )
     parser.add_argument(
-        "--one-row", action="store_true", help="int4-blocks raw tiles (--bits): x one row"
-    )
+        "--x-rows", type=int, default=0, choices=(0, 1, 8),
+        help="int4-blocks raw tiles (--bits): x's sums from this many rows loaded again",
+    )  # fmt: skip
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("compiles for the GPU: unset TRITON_INTERPRET")
@@ -110,7 +111,7 @@ def main() -> None:
         INT4_GROUP=args.group if int4 else 0, HAS_BIAS=False,
         INT4_BLOCKS=int(args.format == "int4-blocks"),
         FMA_STAGES=args.stages if args.pipelined and not dot else None,
-        AHEAD=args.ahead and args.format == "int4-blocks", ONE_ROW=args.one_row,
+        AHEAD=args.ahead and args.format == "int4-blocks", X_ROWS=args.x_rows,
     )  # fmt: skip
     compiled = triton.compile(variant, HOPPER, {"num_warps": args.warps, "num_stages": args.stages})
     counts = opcode_counts(compiled.asm["cubin"])

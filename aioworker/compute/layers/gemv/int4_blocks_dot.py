@@ -39,8 +39,8 @@ x (128 + 8 q) to ~2^-24 of ~200 |x|: taking 24 s X off costs ~2^-17 of a step's 
 bf16 tile would round each value to 2^-9. What the tile saves (a subtract and an FMA a pair, 1.0
 instruction a weight), the step's sums of x (16 padded rows widened and added) and the two FMAs
 on the [N, 16] sums take much of back: ~2.5 a weight against ~2.8 (tools/sass_mix.py, 128x128,
-groups of 128). At one row (ONE_ROW) the sum comes from that row alone: 2.3, under the FMA
-tiles' 3.2. Which is faster is the sweep's to say.
+groups of 128). Unnormed x's sums come from its rows loaded again, 8 or one (X_ROWS): 2.4, and
+2.3 at one row, under the FMA tiles' 3.2. Which is faster is the sweep's to say.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def int4_blocks_loop(
     IEEE: tl.constexpr, EVEN_K: tl.constexpr, INT4_GROUP: tl.constexpr, NORMED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, INT4_BLOCKS: tl.constexpr, AHEAD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FMA_STAGES: tl.constexpr, BITS: tl.constexpr,
-    ONE_ROW: tl.constexpr,
+    X_ROWS: tl.constexpr,
 ):  # fmt: skip
     """The K loop on int4's blocks layout (int4_blocks.py, int4_blocks_dot.py). BITS (tensor
     cores, a step within one group): the raw tile, scaled once a step (int4_blocks_dot.py's
@@ -47,7 +47,7 @@ def int4_blocks_loop(
                 gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
                 first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, ONE_ROW,
+                EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, X_ROWS,
             )  # fmt: skip
             gate_w, gate_s, gate_o = next_gate_w, next_gate_s, next_gate_o
             up_w, up_s, up_o = next_up_w, next_up_s, next_up_o
@@ -55,7 +55,7 @@ def int4_blocks_loop(
             gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
             residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
             first + k_per_split - BLOCK_K, stride_x, depth, compute_dtype, GATED, DOT, IEEE,
-            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, ONE_ROW,
+            EVEN_K, NORMED, HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, X_ROWS,
         )  # fmt: skip
     else:
         for start in tl.range(0, k_per_split, BLOCK_K, num_stages=FMA_STAGES):
@@ -68,7 +68,7 @@ def int4_blocks_loop(
                 gate_acc, up_acc, squares_sum, gate_w, gate_s, gate_o, up_w, up_s, up_o, x_ptr,
                 residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows, num_rows,
                 first + start, stride_x, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, NORMED,
-                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, ONE_ROW,
+                HAS_RESIDUAL, INT4_BLOCKS, BLOCK_N, BLOCK_K, BITS, X_ROWS,
             )  # fmt: skip
     return gate_acc, up_acc, squares_sum
 
@@ -80,7 +80,7 @@ def _int4_blocks_step(
     depth, compute_dtype, GATED: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
     EVEN_K: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     INT4_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BITS: tl.constexpr, ONE_ROW: tl.constexpr,
+    BITS: tl.constexpr, X_ROWS: tl.constexpr,
 ):  # fmt: skip
     """One step of K from k0 on operands `_blocks_operands` read: x's rows (normed on tensor
     cores) times the gate rows' dequantized tile (BITS: raw tile, scaled after), and the up
@@ -91,7 +91,7 @@ def _int4_blocks_step(
             num_rows, k0, stride_x, depth, False, EVEN_K, NORMED, HAS_RESIDUAL, False,
             INT4_BLOCKS, BLOCK_N, BLOCK_K,
         )  # fmt: skip
-        x_sums = _x_sums(x, x_ptr, k0, depth, EVEN_K, ONE_ROW and not NORMED, BLOCK_K)
+        x_sums = _x_sums(x, x_ptr, k0, depth, num_rows, stride_x, EVEN_K, X_ROWS, BLOCK_K)
         w = raw_tile(gate_w, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
         gate_acc = group_scaled(gate_acc, _dot(w, x, IEEE), x_sums, gate_s, gate_o)
         if GATED:
@@ -119,19 +119,25 @@ def _int4_blocks_step(
 
 
 @triton.jit
-def _x_sums(x, x_ptr, k0, depth, EVEN_K: tl.constexpr, ONE_ROW: tl.constexpr,
+def _x_sums(x, x_ptr, k0, depth, num_rows, stride_x, EVEN_K: tl.constexpr, X_ROWS: tl.constexpr,
             BLOCK_K: tl.constexpr):  # fmt: skip
-    """[rows] sums of the step's x [rows, BLOCK_K] (padded to the tensor cores' 16 rows). ONE_ROW:
-    row 0's sum (the others 0), from row 0 loaded again (from L1) in K's order: a sum over the
-    padded rows widens and adds 16 values a column (0.48 instructions a weight, against 0.2)."""
-    if ONE_ROW:
+    """[rows] sums of the step's x [rows, BLOCK_K], padded to the tensor cores' 16 rows. X_ROWS
+    (1, or 8 of 16): from x's first X_ROWS rows loaded again (from L1) in K's order, the others
+    0, as x's are. Summed over the padded tile, the widening and adds of 16 values a column
+    cost 0.48 instructions a weight; over 8 rows 0.3, over one 0.2 (tools/sass_mix.py)."""
+    if X_ROWS > 0:
         ks = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:  # noqa: SIM108 - a constexpr branch
-            row = tl.load(x_ptr + ks)
-        else:
-            row = tl.load(x_ptr + ks, mask=ks < depth, other=0.0)
-        first = tl.arange(0, x.shape[0]) == 0  # the padded rows' sums stay 0, as x's are
-        sums = tl.where(first, tl.sum(row.to(tl.float32), axis=0), 0.0)
+        few = tl.arange(0, X_ROWS)
+        mask = few[:, None] < num_rows
+        if not EVEN_K:
+            mask = mask & (ks < depth)[None, :]
+        loaded = tl.load(x_ptr + few[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
+        sums = tl.sum(loaded.to(tl.float32), axis=1)
+        if X_ROWS == 1:  # noqa: SIM108 - a constexpr branch
+            sums = tl.where(tl.arange(0, x.shape[0]) == 0, tl.sum(sums, axis=0), 0.0)
+        else:  # [8] -> [16]: then eight zeros
+            tl.static_assert(x.shape[0] == 2 * X_ROWS, "X_ROWS pads to 16 rows")
+            sums = tl.reshape(tl.trans(tl.join(sums, tl.zeros_like(sums))), (x.shape[0],))
     else:
         sums = tl.sum(x.to(tl.float32), axis=1)
     return sums

@@ -74,7 +74,7 @@ def _small_rows_kernel(
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr, AHEAD: tl.constexpr,
-    ONE_ROW: tl.constexpr = False,
+    X_ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -99,8 +99,8 @@ def _small_rows_kernel(
     that feed a dot. AHEAD (INT4_BLOCKS, Tiles.ahead): each step reads the next step's words,
     scales and offsets into registers before it multiplies its own, which were read during the
     step before (int4_blocks_loop.py: the last step is peeled off the loop, so none reads past
-    its slice). ONE_ROW (int4's raw tiles, x one row and not normed): each step's sum of x taken
-    over that row alone, not the 16 rows the tensor cores are given."""
+    its slice). X_ROWS (int4's raw tiles, x not normed): each step's sums of x taken over x's
+    first X_ROWS rows (1, or MAX_ROWS) loaded again, not the 16 the tensor cores are given."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -129,7 +129,7 @@ def _small_rows_kernel(
             residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, channels, in_range, rows,
             num_rows, num_channels, first, k_per_split, stride_x, stride_w, stride_group_row,
             stride_group, depth, compute_dtype, GATED, DOT, IEEE, EVEN_K, INT4_GROUP, NORMED,
-            HAS_RESIDUAL, INT4_BLOCKS, AHEAD, BLOCK_N, BLOCK_K, FMA_STAGES, BITS, ONE_ROW,
+            HAS_RESIDUAL, INT4_BLOCKS, AHEAD, BLOCK_N, BLOCK_K, FMA_STAGES, BITS, X_ROWS,
         )  # fmt: skip
     else:
         gate_acc, up_acc, squares_sum = _stored_loop(

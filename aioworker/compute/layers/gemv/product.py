@@ -116,8 +116,7 @@ def small_rows_product(
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
         LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
-        AHEAD=tiles.ahead, ONE_ROW=num_rows == 1 and tiles.dot and tiles.bits and tiles.blocks,
-        **options,
+        AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed), **options,
     )  # fmt: skip
     if splits > 1 and not fold:
         reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
@@ -150,6 +149,14 @@ def _int4_blocks(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
         return 0
     by_ptx = weight.device.type != "cpu" and (not tiles.dot or x.dtype == torch.bfloat16)
     return 1 if by_ptx else 2
+
+
+def _x_rows(tiles: Tiles, num_rows: int, normed: bool) -> int:
+    """int4's raw tiles (blocks, bits, on tensor cores), x not normed: the rows whose sums each
+    step takes from x loaded again, 1 or MAX_ROWS, not the 16 the tensor cores are given; else
+    0 (from the step's tile)."""
+    raw = tiles.dot and tiles.bits and tiles.blocks
+    return 0 if not raw or normed else 1 if num_rows == 1 else MAX_ROWS
 
 
 def _check_blocks(weight: torch.Tensor, tiles: Tiles, add_norm) -> None:

@@ -82,7 +82,7 @@ def product_variant(
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
-        "FMA_STAGES": None, "AHEAD": False, "ONE_ROW": False,
+        "FMA_STAGES": None, "AHEAD": False, "X_ROWS": 0,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -143,7 +143,7 @@ def main() -> None:
         # gated, uneven, split K and read a step ahead; plain, even and one row
         variant = product_variant("int4-blocks", gated, True, gated, not gated, "", aligned=True,
                                   BITS=True, INT4_GROUP=128, BLOCK_K=128, AHEAD=gated,
-                                  ONE_ROW=not gated)  # fmt: skip
+                                  X_ROWS=8 if gated else 1)  # fmt: skip
         ptx = triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1}).asm["ptx"]
         assert "sub.rn.bf16x2" not in ptx, "a raw tile is left as the LOP3 makes it"
         print(f"compiled int4-blocks dot=True gated={gated} raw")
