@@ -93,10 +93,10 @@ def _int4_blocks_step(
         )  # fmt: skip
         x_sums = _x_sums(x, x_ptr, k0, depth, num_rows, stride_x, EVEN_K, X_ROWS, BLOCK_K)
         w = raw_tile(gate_w, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
-        gate_acc = group_scaled(gate_acc, _dot(w, x, IEEE), x_sums, gate_s, gate_o)
+        gate_acc = group_scaled(gate_acc, _sums(w, x, IEEE), x_sums, gate_s, gate_o)
         if GATED:
             w = raw_tile(up_w, compute_dtype, INT4_BLOCKS, BLOCK_N, BLOCK_K)
-            up_acc = group_scaled(up_acc, _dot(w, x, IEEE), x_sums, up_s, up_o)
+            up_acc = group_scaled(up_acc, _sums(w, x, IEEE), x_sums, up_s, up_o)
     elif DOT:
         x, x_scale, squares_sum = x_step(
             squares_sum, x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, write_sum, rows,
@@ -144,13 +144,10 @@ def _x_sums(x, x_ptr, k0, depth, num_rows, stride_x, EVEN_K: tl.constexpr, X_ROW
 
 
 @triton.jit
-def _dot(w, x, IEEE: tl.constexpr):
-    """w [N, BLOCK_K] @ x^T: [N, rows] float32 sums (IEEE: float32 rows, multiplied as such)."""
-    if IEEE:  # noqa: SIM108 - a constexpr branch
-        sums = tl.dot(w, tl.trans(x), input_precision="ieee")
-    else:
-        sums = tl.dot(w, tl.trans(x))
-    return sums
+def _sums(w, x, IEEE: tl.constexpr):
+    """w [N, BLOCK_K] @ x^T: the step's own [N, rows] float32 sums, scaled before they are added."""
+    zeros = tl.zeros((w.shape[0], x.shape[0]), dtype=tl.float32)
+    return accumulate(zeros, x, x, w, True, IEEE, False)
 
 
 @triton.jit
