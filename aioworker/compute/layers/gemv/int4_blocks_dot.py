@@ -132,7 +132,7 @@ def group_scaled(acc, sums, x_sums, s, o):
     """acc [N, rows] plus a step's product within one group: `sums` [N, rows] of x times the raw
     tile, `x_sums` [rows] of x over the step, s and o [N, 1] the group's scale and offset."""
     # s (d - 192 X) / 8 + o X as s/8 d + (o - 24 s) X: two FMAs an element, the per-channel
-    # factors made once a step in float32 (exact: 24 s needs 13 of its 24 bits)
+    # factors made once a step in float32 (24 s exactly; o - 24 s rounded once, to 2^-24)
     s = s.to(tl.float32)
     x_factor = o.to(tl.float32) - RAW_OFFSET * RAW_SCALE * s
     return acc + sums * (s * RAW_SCALE) + x_factor * x_sums[None, :]
