@@ -244,6 +244,35 @@ def test_raw_int4_tiles_in_groups_of_128_equal_the_reference_at_each_shape() -> 
     assert not failures
 
 
+def test_int8_nibble_planes_equal_the_reference_at_each_shape() -> None:
+    """int8 as two raw nibble planes on tensor cores (words and bits on dot tiles, the PTX's
+    planes and their order in the tile, weight_tiles.int8_planes_tiles) at 1, 3 and 8 rows,
+    every shape of configs/models/ and its TP=2 shards, split K added by a second kernel and
+    folded."""
+    from aioworker.compute.layers.gemv.product import small_rows_product
+    from aioworker.compute.layers.gemv.tiles import Tiles
+
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if depth % 4:
+            continue
+        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+        q, scale, _, values = stored(dense, "int8")
+        for rows, tiles in ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, words=True, bits=True)),
+                            (3, Tiles(True, 64, 128, 4, 4, words=True, bits=True, fold=True)),
+                            (8, Tiles(True, 128, 256, 2, 4, num_stages=1, words=True,
+                                      bits=True))):  # fmt: skip
+            if depth // tiles.splits < tiles.block_k:
+                continue
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            want = reference(x, values, gated)
+            got = small_rows_product(x, q, tiles, scale, gated)
+            error = ((got.float() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                failures.append((channels, depth, gated, rows, tiles, error))
+    assert not failures
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "int8", "int4", "int4-words"])
 def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
     """Weights widened by bit operations (widening.py), on the FMA tiles at one row and on the

@@ -5,12 +5,18 @@ thing; this catches a wrong constant without one)."""
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 
 import pytest
 import torch
 
+# As the kernels' other tests do: Triton reads TRITON_INTERPRET once, so a module that imports
+# the kernels first decides for the whole run (imported first, this one left them compiled, and
+# the interpreter tests after it failed)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv import int4_blocks, int4_blocks_dot, widening  # noqa: E402
@@ -127,6 +133,23 @@ def test_raw_tensor_core_widening_leaves_each_pair_at_128_plus_8q(seed: int) -> 
     regs = run_ptx(int4_blocks_dot._RAW_PAIRS_AS_BF16.value, {"$4": word})
     for t in range(4):
         assert _bf16_pair(regs[f"${t}"]) == (128.0 + 8 * values[t], 128.0 + 8 * values[t + 4])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_int8_planes_make_each_nibble_raw_and_give_back_the_value(seed: int) -> None:
+    """weight_tiles.int8_planes_tiles' PTX: register t holds the low (t < 2) or high plane of
+    values t % 2 and t % 2 + 2, as 128 + l and 136 + the signed high nibble; 16 (high - 136)
+    + (low - 128) is the value, for every byte."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-128, 128, (4,), generator=g).tolist()
+    word = sum((v & 0xFF) << 8 * i for i, v in enumerate(values))
+    regs = run_ptx(widening._INT8_PLANES_AS_BF16.value, {"$4": word})
+    for p in (0, 1):
+        lows, highs = _bf16_pair(regs[f"${p}"]), _bf16_pair(regs[f"${p + 2}"])
+        for e in (0, 1):
+            q = values[2 * e + p]
+            assert lows[e] == 128 + (q & 0xF)
+            assert 16 * (highs[e] - 136) + (lows[e] - 128) == q
 
 
 def test_int8_words_widen_four_values_a_word_in_order() -> None:
