@@ -171,106 +171,94 @@ def test_a8_tiles_equal_their_rows_quantized_per_slice() -> None:
     assert not failures
 
 
+def shape_failures(depth_multiple: int, operands, cases) -> list[tuple]:
+    """(channels, depth, gated, rows, tiles, error) wherever a product of bf16 rows is off by
+    more than 1%: every shape of configs/models/ and its TP=2 shards whose K is a multiple of
+    `depth_multiple`, each of `cases` ((rows, tiles)); `operands(channels, depth)` gives the
+    weight as the kernels read it, its channel scale, its int4 groups and the values it means."""
+    from aioworker.compute.layers.gemv.product import small_rows_product
+
+    failures = []
+    for channels, depth, gated in sorted(projection_shapes()):
+        if depth % depth_multiple:
+            continue
+        weight, scale, groups, values = operands(channels, depth)
+        for rows, tiles in cases:
+            if depth // tiles.splits < tiles.block_k:
+                continue
+            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
+            want = reference(x, values, gated)
+            got = small_rows_product(x, weight, tiles, scale, gated, int4_groups=groups)
+            error = ((got.float() - want).norm() / want.norm()).item()
+            if error > 1e-2:
+                failures.append((channels, depth, gated, rows, tiles, error))
+    return failures
+
+
+def _dense(channels: int, depth: int) -> torch.Tensor:
+    return torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
+
+
 def test_int4_blocks_tiles_equal_the_reference_at_each_shape() -> None:
     """int4's blocks layout by its PTX widenings: on FMA tiles at one row (int4_blocks.py, eight
     float32 values a word) and on tensor cores at 1, 3 and 8 (int4_blocks_dot.py, four bf16
     pairs), every shape of configs/models/ and its TP=2 shards, split K added by a second kernel
     and folded."""
-    from aioworker.compute.layers.gemv.product import small_rows_product
     from aioworker.compute.layers.gemv.tiles import Tiles
 
-    failures = []
-    for channels, depth, gated in sorted(projection_shapes()):
-        if depth % 32:
-            continue
-        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
-        packed, _, groups, values = stored(dense, "int4")
-        blocks = int4_blocks(packed)
-        for rows, tiles in ((1, Tiles(False, 64, 256, 1, 2, blocks=True)),
-                            (1, Tiles(False, 128, 256, 4, 4, blocks=True)),
-                            (1, Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)),
-                            (1, Tiles(False, 16, 512, 2, 4, blocks=True, pipelined=True)),
-                            (1, Tiles(False, 64, 256, 4, 2, blocks=True, ahead=True)),
-                            (1, Tiles(True, 128, 256, 1, 4, num_stages=1, blocks=True)),
-                            (3, Tiles(True, 64, 256, 2, 4, num_stages=1, blocks=True,
-                                      ahead=True)),
-                            (3, Tiles(True, 64, 128, 4, 4, blocks=True, fold=True)),
-                            (8, Tiles(True, 128, 256, 2, 4, num_stages=1, blocks=True))):  # fmt: skip
-            if depth // tiles.splits < tiles.block_k:
-                continue
-            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, values, gated)
-            got = small_rows_product(x, blocks, tiles, None, gated, int4_groups=groups)
-            error = ((got.float() - want).norm() / want.norm()).item()
-            if error > 1e-2:
-                failures.append((channels, depth, gated, rows, tiles, error))
-    assert not failures
+    def operands(channels, depth):
+        packed, _, groups, values = stored(_dense(channels, depth), "int4")
+        return int4_blocks(packed), None, groups, values
+
+    cases = ((1, Tiles(False, 64, 256, 1, 2, blocks=True)),
+             (1, Tiles(False, 128, 256, 4, 4, blocks=True)),
+             (1, Tiles(False, 32, 512, 2, 2, blocks=True, fold=True)),
+             (1, Tiles(False, 16, 512, 2, 4, blocks=True, pipelined=True)),
+             (1, Tiles(False, 64, 256, 4, 2, blocks=True, ahead=True)),
+             (1, Tiles(True, 128, 256, 1, 4, num_stages=1, blocks=True)),
+             (3, Tiles(True, 64, 256, 2, 4, num_stages=1, blocks=True, ahead=True)),
+             (3, Tiles(True, 64, 128, 4, 4, blocks=True, fold=True)),
+             (8, Tiles(True, 128, 256, 2, 4, num_stages=1, blocks=True)))  # fmt: skip
+    assert not shape_failures(32, operands, cases)
 
 
 def test_raw_int4_tiles_in_groups_of_128_equal_the_reference_at_each_shape() -> None:
     """int4's raw tiles (Tiles.bits on int4's blocks, int4_blocks_dot.py: the PTX's 128 + 8 q
-    multiplied by bf16 rows, each step's sums scaled) at 1, 3 and 8 rows, every shape of
-    configs/models/ and its TP=2 shards whose K holds groups of 128, split K added by a second
-    kernel, folded, and read a step ahead."""
-    from aioworker.compute.layers.gemv.product import small_rows_product
+    multiplied by bf16 rows, each step's sums scaled) at 1, 3 and 8 rows, every shape whose K
+    holds groups of 128, split K added by a second kernel, folded, and read a step ahead."""
     from aioworker.compute.layers.gemv.tiles import Tiles
     from aioworker.compute.layers.quantized.weight_only import (
         dequantize_int4_values,
         pack_int4_blocks,
     )
 
-    failures = []
-    for channels, depth, gated in sorted(projection_shapes()):
-        if depth % 128:
-            continue
+    def operands(channels, depth):
         values = torch.randint(0, 16, (channels, depth), device="cuda", dtype=torch.uint8)
         scales = (torch.rand(channels, depth // 128, device="cuda") * 0.02).bfloat16()
         offsets = (torch.randn(channels, depth // 128, device="cuda") * 0.002).bfloat16()
         dense = dequantize_int4_values(values, scales, offsets)
-        blocks = pack_int4_blocks(values)
-        for rows, tiles in ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, blocks=True, bits=True)),
-                            (3, Tiles(True, 64, 64, 2, 4, blocks=True, bits=True, fold=True)),
-                            (8, Tiles(True, 128, 128, 4, 4, num_stages=1, blocks=True, bits=True,
-                                      ahead=True))):  # fmt: skip
-            if depth // tiles.splits < tiles.block_k:
-                continue
-            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, dense, gated)
-            got = small_rows_product(x, blocks, tiles, None, gated,
-                                     int4_groups=(scales, offsets))  # fmt: skip
-            error = ((got.float() - want).norm() / want.norm()).item()
-            if error > 1e-2:
-                failures.append((channels, depth, gated, rows, tiles, error))
-    assert not failures
+        return pack_int4_blocks(values), None, (scales, offsets), dense
+
+    cases = ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, blocks=True, bits=True)),
+             (3, Tiles(True, 64, 64, 2, 4, blocks=True, bits=True, fold=True)),
+             (8, Tiles(True, 128, 128, 4, 4, num_stages=1, blocks=True, bits=True,
+                       ahead=True)))  # fmt: skip
+    assert not shape_failures(128, operands, cases)
 
 
 def test_int8_nibble_planes_equal_the_reference_at_each_shape() -> None:
     """int8 as two raw nibble planes on tensor cores (words and bits on dot tiles, the PTX's
     planes and their order in the tile, weight_tiles.int8_planes_tiles) at 1, 3 and 8 rows,
-    every shape of configs/models/ and its TP=2 shards, split K added by a second kernel and
-    folded."""
-    from aioworker.compute.layers.gemv.product import small_rows_product
+    every shape, split K added by a second kernel and folded."""
     from aioworker.compute.layers.gemv.tiles import Tiles
 
-    failures = []
-    for channels, depth, gated in sorted(projection_shapes()):
-        if depth % 4:
-            continue
-        dense = torch.randn(channels, depth, device="cuda", dtype=torch.bfloat16) / depth**0.5
-        q, scale, _, values = stored(dense, "int8")
-        for rows, tiles in ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, words=True, bits=True)),
-                            (3, Tiles(True, 64, 128, 4, 4, words=True, bits=True, fold=True)),
-                            (8, Tiles(True, 128, 256, 2, 4, num_stages=1, words=True,
-                                      bits=True))):  # fmt: skip
-            if depth // tiles.splits < tiles.block_k:
-                continue
-            x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
-            want = reference(x, values, gated)
-            got = small_rows_product(x, q, tiles, scale, gated)
-            error = ((got.float() - want).norm() / want.norm()).item()
-            if error > 1e-2:
-                failures.append((channels, depth, gated, rows, tiles, error))
-    assert not failures
+    def operands(channels, depth):
+        return stored(_dense(channels, depth), "int8")
+
+    cases = ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, words=True, bits=True)),
+             (3, Tiles(True, 64, 128, 4, 4, words=True, bits=True, fold=True)),
+             (8, Tiles(True, 128, 256, 2, 4, num_stages=1, words=True, bits=True)))  # fmt: skip
+    assert not shape_failures(4, operands, cases)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "int8", "int4", "int4-words"])
