@@ -128,6 +128,18 @@ def int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.con
     PTX (widening.py), for the tensor cores (`words` on dot tiles, bf16 rows). W is read as int16
     (K and the row stride multiples of 4: the product checks); rows past N read row 0 (their
     sums are never stored), so no load needs a predicate per element."""
+    halves = _int8_word_halves(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N,
+                               BLOCK_K)  # fmt: skip
+    pairs = int8_pairs_as_bf16(halves)
+    return int8_pairs_in_k_order(pairs[0], pairs[1], BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _int8_word_halves(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """int8 W's rows at columns k0 .. k0 + BLOCK_K read as int16, [N, words, 2]: each 32-bit
+    word's two halves, the shape the PTX widenings take a word in (pack=2). Rows past N read
+    row 0; past K: zeros."""
     rows = tl.where(in_range, w_rows, 0)
     halves = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     at = rows[:, None] * (stride_w // 2) + halves[None, :]
@@ -136,8 +148,7 @@ def int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K: tl.con
     else:
         in_k = (halves * 2 < depth)[None, :]
         flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at, mask=in_k, other=0)
-    pairs = int8_pairs_as_bf16(tl.reshape(flat, (BLOCK_N, BLOCK_K // 4, 2)))
-    return int8_pairs_in_k_order(pairs[0], pairs[1], BLOCK_N, BLOCK_K)
+    return tl.reshape(flat, (BLOCK_N, BLOCK_K // 4, 2))
 
 
 @triton.jit
@@ -156,21 +167,14 @@ def int8_planes_tiles(w_ptr, w_rows, in_range, k0, stride_w, depth, dtype: tl.co
     widening.py's INT8_PLANES_OFFSET says how the sums are put back together). WORDS 1: by PTX
     from W read as int16 (bf16 rows; K and the row stride multiples of 4: the product checks),
     2: by Triton's operations. Rows past N read row 0 (their sums are never stored)."""
-    rows = tl.where(in_range, w_rows, 0)
     if WORDS == 1:
-        halves = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        at = rows[:, None] * (stride_w // 2) + halves[None, :]
-        if EVEN_K:
-            flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at)
-        else:
-            flat = tl.load(w_ptr.to(tl.pointer_type(tl.int16)) + at,
-                           mask=(halves * 2 < depth)[None, :], other=0)  # fmt: skip
-        planes = int8_planes_as_bf16(tl.reshape(flat, (BLOCK_N, BLOCK_K // 4, 2)))
+        planes = int8_planes_as_bf16(_int8_word_halves(
+            w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N, BLOCK_K))  # fmt: skip
         high = planes_in_k_order(planes[2], planes[3], BLOCK_N, BLOCK_K)
         low = planes_in_k_order(planes[0], planes[1], BLOCK_N, BLOCK_K)
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        at = rows[:, None] * stride_w + ks[None, :]
+        at = tl.where(in_range, w_rows, 0)[:, None] * stride_w + ks[None, :]
         if EVEN_K:  # noqa: SIM108 - a constexpr branch
             tile = tl.load(w_ptr + at)
         else:
