@@ -24,6 +24,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gemv_tune import graph_time_s  # noqa: E402
+
 from aioworker.compute.layers.gemv.int4_blocks import int4_block_step  # noqa: E402
 from aioworker.compute.layers.quantized.weight_only import pack_int4_blocks  # noqa: E402
 
@@ -121,8 +123,6 @@ def main() -> None:
         err = ((got - want).norm() / want.norm()).item()
         seconds = float("nan")
         if device == "cuda":
-            from gemv_tune import graph_time_s
-
             seconds = graph_time_s(
                 lambda i, cfg=(block_n, block_k, splits, warps, stages, tma): probe(
                     x, *stack[i], *cfg
@@ -134,8 +134,6 @@ def main() -> None:
               f"{seconds * 1e6:.1f} us, {read / seconds / 1e12:.2f} TB/s, err {err:.2e}",
               flush=True)  # fmt: skip
     if device == "cuda":  # the kernels' own product with the blocks tiles the H200 chose
-        from gemv_tune import graph_time_s
-
         from aioworker.compute.layers.gemv.product import small_rows_product
         from aioworker.compute.layers.gemv.tiles import Tiles
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.gemv.widening import lop3_rotations_ptx
 from aioworker.compute.layers.quantized.weight_only import BLOCKS_ROTATION, INT4_BLOCK
 
 BLOCK = tl.constexpr(INT4_BLOCK)  # K values a block of four words holds
@@ -48,21 +49,10 @@ SLOT_B_OFFSET = tl.constexpr(16.0)  # bits 19..22 under the exponent of 2^4
 # 0x43800000: 256 + q) then slot B (bits 19..22, 0x41800000: 16 + q). LUT 0x62 on (a = the
 # rotated word, b = k, c = the immediate) is (a & b & ~c) | (~b & c): k = 0x007F8000 keeps both
 # slots' bits, the immediate clears the other slot's and sets the exponent.
-_WORD_AS_FLOAT32 = tl.constexpr("""{
-    .reg .b32 k, r1, r2, r3;
-    mov.b32 k, 0x007F8000;
-    shf.r.wrap.b32 r1, $8, $8, 8;
-    shf.r.wrap.b32 r2, $8, $8, 16;
-    shf.r.wrap.b32 r3, $8, $8, 24;
-    lop3.b32 $0, $8, k, 0x43F80000, 0x62;
-    lop3.b32 $1, $8, k, 0x41878000, 0x62;
-    lop3.b32 $2, r1, k, 0x43F80000, 0x62;
-    lop3.b32 $3, r1, k, 0x41878000, 0x62;
-    lop3.b32 $4, r2, k, 0x43F80000, 0x62;
-    lop3.b32 $5, r2, k, 0x41878000, 0x62;
-    lop3.b32 $6, r3, k, 0x43F80000, 0x62;
-    lop3.b32 $7, r3, k, 0x41878000, 0x62;
-}""")
+_WORD_AS_FLOAT32 = tl.constexpr(lop3_rotations_ptx("$8", 0x007F8000, tuple(
+    (f"${2 * t + slot}", 8 * t, (0x43F80000, 0x41878000)[slot], 0x62)
+    for t in range(4) for slot in (0, 1)
+)))  # fmt: skip
 
 
 @triton.jit

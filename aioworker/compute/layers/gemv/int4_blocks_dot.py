@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gemv.int4_blocks import BLOCK, ROTATION
+from aioworker.compute.layers.gemv.widening import lop3_rotations_ptx
 
 # Blocks a step's columns interleave, so that a thread of the tensor cores' layout takes one
 # block's words (the module's note); a step of fewer blocks is one group.
@@ -61,15 +62,14 @@ def _pairs_ptx(scaled: bool) -> str:
     bf16's exponent of 2^7 set elsewhere (LUT 0x62 on (a, b = k, c = the immediate) is
     (a & b & ~c) | (~b & c)), which is 128 + 8 q. `scaled`: then less 192 (c) and times s / 8
     ($5) plus o ($6), each twice: (q - 8) s + o; else left raw, for `group_scaled`."""
-    lines = ["mov.b32 k, 0x00780078;"] + (["mov.b32 c, 0x43404340;"] if scaled else [])
-    lines += [f"shf.r.wrap.b32 r{t}, $4, $4, {4 * t};" for t in (1, 2, 3)]
-    for t, rotated in enumerate(("$4", "r1", "r2", "r3")):
-        if scaled:
-            lines += [f"lop3.b32 v, {rotated}, k, 0x43004300, 0x62;", "sub.rn.bf16x2 v, v, c;",
-                      f"fma.rn.bf16x2 ${t}, v, $5, $6;"]  # fmt: skip
-        else:
-            lines.append(f"lop3.b32 ${t}, {rotated}, k, 0x43004300, 0x62;")
-    return "{\n    .reg .b32 k, c, r1, r2, r3, v;\n    " + "\n    ".join(lines) + "\n}"
+    if not scaled:
+        return lop3_rotations_ptx("$4", 0x00780078, tuple(
+            (f"${t}", 4 * t, 0x43004300, 0x62) for t in range(4)))  # fmt: skip
+    outputs = tuple(
+        ("v", 4 * t, 0x43004300, 0x62, "sub.rn.bf16x2 v, v, c;", f"fma.rn.bf16x2 ${t}, v, $5, $6;")
+        for t in range(4)
+    )
+    return lop3_rotations_ptx("$4", 0x00780078, outputs, ("mov.b32 c, 0x43404340;",), ("c", "v"))
 
 
 _PAIRS_AS_BF16 = tl.constexpr(_pairs_ptx(scaled=True))

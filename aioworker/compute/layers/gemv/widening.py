@@ -144,22 +144,34 @@ def signed_nibble_as(bits, dtype: tl.constexpr):
     return values.to(dtype)
 
 
+def lop3_rotations_ptx(word: str, mask: int, outputs, setup=(), registers=()) -> str:
+    """A PTX block that widens the 32-bit `word` by rotations and LOP3s, the pattern of every
+    bit-placing widening here: each output (destination, rotation, immediate, lookup table,
+    *lines after) is LOP3(`word` rotated right by `rotation` bits, k = `mask`, immediate) under
+    the lookup table, followed by its lines after. One rotation per distinct amount, made
+    first; `setup` lines before them, `registers` declared besides k and the rotations."""
+    rotations = sorted({output[1] for output in outputs} - {0})
+    rotated = {0: word, **{r: f"r{r}" for r in rotations}}
+    lines = [f"mov.b32 k, {mask:#010x};", *setup]
+    lines += [f"shf.r.wrap.b32 r{r}, {word}, {word}, {r};" for r in rotations]
+    for destination, rotation, immediate, lut, *after in outputs:
+        lines.append(
+            f"lop3.b32 {destination}, {rotated[rotation]}, k, {immediate:#010x}, {lut:#04x};"
+        )
+        lines += after
+    declared = ", ".join(["k", *(f"r{r}" for r in rotations), *registers])
+    return "{\n    .reg .b32 " + declared + ";\n    " + "\n    ".join(lines) + "\n}"
+
+
 # $4: four int8 values (k .. k + 3, the first in the low byte) as two int16; $0: the low nibbles
-# l of k and k + 2 as bf16x2 128 + l, $1: of k + 1 and k + 3; $2, $3: the high nibbles the same
-# way, their top bit flipped (LUT 0x6A: a ^ c under k, c elsewhere), 136 + hs with hs the
-# signed high nibble. Each a rotation and a LOP3, no arithmetic: the value is
-# q = 16 hs + l = 16 (high - 136) + (low - 128), the offsets taken off the sums (int8_planes).
-_INT8_PLANES_AS_BF16 = tl.constexpr("""{
-    .reg .b32 k, r4, r8, r12;
-    mov.b32 k, 0x000F000F;
-    shf.r.wrap.b32 r4, $4, $4, 4;
-    shf.r.wrap.b32 r8, $4, $4, 8;
-    shf.r.wrap.b32 r12, $4, $4, 12;
-    lop3.b32 $0, $4, k, 0x43004300, 0xEA;
-    lop3.b32 $1, r8, k, 0x43004300, 0xEA;
-    lop3.b32 $2, r4, k, 0x43084308, 0x6A;
-    lop3.b32 $3, r12, k, 0x43084308, 0x6A;
-}""")
+# l of k and k + 2 as bf16x2 128 + l (LUT 0xEA: a & k, c elsewhere), $1: of k + 1 and k + 3;
+# $2, $3: the high nibbles the same way, their top bit flipped (LUT 0x6A: a ^ c under k, c
+# elsewhere), 136 + hs with hs the signed high nibble. Each a rotation and a LOP3, no
+# arithmetic: q = 16 hs + l = 16 (high - 136) + (low - 128), the offsets taken off the sums.
+_INT8_PLANES_AS_BF16 = tl.constexpr(lop3_rotations_ptx("$4", 0x000F000F, (
+    ("$0", 0, 0x43004300, 0xEA), ("$1", 8, 0x43004300, 0xEA),
+    ("$2", 4, 0x43084308, 0x6A), ("$3", 12, 0x43084308, 0x6A),
+)))  # fmt: skip
 INT8_PLANES_OFFSET = tl.constexpr(2304.0)  # 16 * 136 + 128: sum x q = 16 d_high + d_low - 2304 X
 
 
