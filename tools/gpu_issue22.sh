@@ -48,6 +48,7 @@
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
+# TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
 # TABLE=path: a table from an earlier `tune`, put in place first (default: the one `tune` left in
 # /tmp, while the machine stays warm).
@@ -222,7 +223,7 @@ case "${1:-}" in
     ;;
   pipelined)  # the stored formats' kernel tests, a refine sweep of fp8, wint8 and wint4 with
               # PDL (pipelined FMA tiles among the neighbours), W4 wint8 and wint4
-    stored_sweep "${2:-fp8,wint8,wint4}" 300
+    stored_sweep "${2:-fp8,wint8,wint4}" "${SWEEP_S:-300}"
     w4 "${2:-wint8,wint4}" 110 p
     echo "== w4"; tail -6 "$out/w4_p.log"
     ;;
@@ -255,9 +256,9 @@ case "${1:-}" in
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -8
     ;;
   group128)  # wint4 in groups of 128, the issue's format: tested, swept, W4 beside groups of 32
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/layers/gemv/test_int4_blocks.py tests/compute/layers/gemv/test_choice.py \
-      tests/compute/layers/gemv/test_gpu_gemv.py -k "128 or method or group or raw" \
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "${TESTS_K:-128 or method or group or raw}" \
       > "$out/gemv_tests.log" 2>&1
     if [ "${SWEEP_S:-200}" -gt 0 ]; then  # SWEEP_S=0: none (the groups take 32's tiles)
       timeout $(( ${SWEEP_S:-200} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
