@@ -120,6 +120,10 @@ class DeviceOptions(_Section):
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
     fused_rope_attention: bool = True
+    # CUDA, attention_backend auto or triton: a decode step's attention split over the context
+    # merged by the last of each sequence and KV head's split programs to finish (an atomic
+    # count), not by a second kernel: one launch fewer a layer. Off until W4 measures it on a GPU.
+    fused_attention_merge: bool = False
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -47,6 +47,10 @@
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
+#   tools/gpu_issue22.sh merge    the split attention merged in place (device.fused_attention_merge):
+#                                 its GPU tests, W4 of every format against the defaults, and W4
+#                                 wint8 and wint4 with PDL off against on (one machine, so that
+#                                 the two profiles' machines no longer stand in for an A/B)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -271,6 +275,16 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
+  merge)  # the split attention merged by its last program, against the merge kernel; PDL's
+          # own A/B for the weight-only formats
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/test_triton_decode.py tests/compute/test_gpu.py -k "decode or merged or graphs_equal" \
+      > "$out/gpu_tests.log" 2>&1
+    w4 none,fp8,wint8,wint4 "${W4_S:-260}" m --candidate device.fused_attention_merge=true
+    w4 wint8,wint4 "${W4_S:-170}" p --candidate device.pdl=false
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
+    for name in m p; do echo "== w4 $name"; tail -9 "$out/w4_$name.log"; done
+    ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile
     timeout 200 python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu \
@@ -295,6 +309,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|early" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge" >&2; exit 2 ;;
 esac
 exit 0

@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from aioworker.bench.gpu import MODELS, make_engine, random_prompt
 from aioworker.cli.common import parse_settings
+from aioworker.compute.layers import pdl
 from aioworker.core.sampling_params import SamplingParams
 
 
@@ -85,6 +86,12 @@ def main() -> None:
         f"GPU time per step {total_gpu_us / n / 1e3:.3f} ms; kernels per step (approx) {kernels / n:.0f}"
     )
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15))
+    if pdl.switched_on():
+        print(
+            "device.pdl is on: a kernel launched with PDL starts before the one ahead of it ends "
+            "and waits inside (griddepcontrol.wait), so its time above includes that wait and "
+            "the kernels' sum can exceed the wall time. For kernel costs: --set device.pdl=false"
+        )
     engine.close()
 
 

@@ -46,6 +46,11 @@ def for_graph_batch(batch: int) -> Iterator[None]:
         _enabled = before
 
 
+def switched_on() -> bool:
+    """Whether any launch may use PDL (the process's setting, graphs only or not)."""
+    return _enabled or _in_graphs
+
+
 def launch_options() -> dict[str, bool]:
     """Triton launch keywords: {"launch_pdl": True} where switched on, else none. Pass PDL=
     bool(options) to the kernel too, so that it waits."""

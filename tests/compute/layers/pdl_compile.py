@@ -26,7 +26,7 @@ HOPPER = GPUTarget("cuda", 90, 32)
 POINTERS = {
     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "block_tables_ptr": "*i32",
     "context_lens_ptr": "*i32", "query_starts_ptr": "*i32", "query_lens_ptr": "*i32",
-    "lse_ptr": "*fp32", "partial_ptr": "*fp32",
+    "lse_ptr": "*fp32", "partial_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 FLOATS = {"eps", "scale"}
 KERNELS = [
@@ -49,10 +49,14 @@ KERNELS = [
             "ROPE_IN": True,
             "HAS_NORM": True,
             "QUERIES_P2": 1,
+            "FOLD": False,
+            "SPLITS_PAD": 32,
         },
     ),  # fmt: skip
     (triton_decode._merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
 ]
+# The decode kernel again, its splits merged by the last program (device.fused_attention_merge).
+KERNELS.append((KERNELS[4][0], {**KERNELS[4][1], "FOLD": True}))
 
 
 def signature_of(kernel, constants: dict) -> dict[str, str]:

@@ -24,6 +24,17 @@ def test_the_launch_keywords_follow_the_switch() -> None:
     assert pdl.launch_options() == {}
 
 
+def test_switched_on_says_whether_any_launch_may_use_it() -> None:
+    try:
+        pdl.enable(True, graphs_only=True)
+        assert pdl.switched_on() and pdl.launch_options() == {}  # graphs only, none now
+        pdl.enable(True)
+        assert pdl.switched_on()
+    finally:
+        pdl.enable(False)
+    assert not pdl.switched_on()
+
+
 def test_large_decode_graphs_are_captured_without_it() -> None:
     try:
         pdl.enable(True)
@@ -60,4 +71,5 @@ def test_every_kernel_launched_so_waits_first() -> None:
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(" waits") == 6, done.stdout
+    # seven kernels: the decode kernel twice, its splits merged by the merge kernel or in place
+    assert done.stdout.count(" waits") == 7, done.stdout

@@ -61,9 +61,12 @@ class CudaAttentionBackend:
     # Its decode kernel takes several query tokens per sequence: verify steps read paged KV.
     verifies_paged = True
 
-    def __init__(self, block_size: int, rope_in_decode: bool = False) -> None:
+    def __init__(
+        self, block_size: int, rope_in_decode: bool = False, fold_splits: bool = False
+    ) -> None:
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
+        self.fold_splits = fold_splits  # device.fused_attention_merge
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
@@ -126,6 +129,7 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
+            fold=self.fold_splits,
         )
 
 

@@ -7,7 +7,9 @@ group (GQA) and once for all of a verify step's queries: its rows are (query j, 
 seeing the context up to its own position (the sequence's last q positions are its queries,
 their K/V already written). Keys are visited in tiles of TILE_N tokens gathered from the block
 table; an online softmax keeps the running max and sum. With several splits, a second small
-kernel merges each query row's partial results by their log-sum-exp.
+kernel merges each query row's partial results by their log-sum-exp; or, with `fold`, the last
+of a (sequence, KV head)'s split programs to finish merges them (counted by an atomic), one
+launch fewer a layer.
 
 With `rope_in` (a decode step's attention given its raw q, k and v), the kernel also does what
 fused.qkv_rope_cache_ does before it, so that it needs no launch of its own: each program
@@ -81,6 +83,10 @@ def _decode_partial(
     stride_new_seq,
     stride_cos,
     eps,
+    final_ptr,
+    counter_ptr,
+    stride_f_seq,
+    stride_f_head,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     ROWS_PAD: tl.constexpr,
@@ -94,6 +100,8 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
+    FOLD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
@@ -179,6 +187,24 @@ def _decode_partial(
         tl.store(o_ptrs, out, mask=row_ok[:, None])
         lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
         tl.store(lse_ptr + token * stride_l_seq + heads * stride_l_head + split, lse, mask=row_ok)
+        if FOLD:
+            # Every thread's partials are written before the count says so (release); the
+            # last to arrive sees every split's (acquire), read past L1.
+            tl.debug_barrier()
+            slot = seq * tl.num_programs(1) + kv_head
+            if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == num_splits - 1:
+                used = tl.cdiv(num_tiles, tiles_per_split)  # the splits that saw keys
+                for r in range(QUERIES_P2 * GROUP_P2):
+                    if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
+                        row_token = query_start + r // GROUP_P2
+                        head = kv_head * GROUP + r % GROUP_P2
+                        _merge_row(
+                            out_ptr + row_token * stride_o_seq + head * stride_o_head,
+                            lse_ptr + row_token * stride_l_seq + head * stride_l_head,
+                            final_ptr + row_token * stride_f_seq + head * stride_f_head,
+                            stride_o_split, used, SPLITS_PAD, HEAD_DIM, ".cg",
+                        )  # fmt: skip
+                tl.atomic_xchg(counter_ptr + slot, 0)
 
 
 @triton.jit
@@ -210,53 +236,53 @@ def _write_new_kv(
 
 
 @triton.jit
-def _merge_splits(
-    partial_ptr,
-    lse_ptr,
-    out_ptr,
-    stride_p_seq,
-    stride_p_head,
-    stride_p_split,
-    stride_l_seq,
-    stride_l_head,
-    stride_o_seq,
-    stride_o_head,
-    num_splits,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    wait_for_previous_kernel(PDL)
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
+def _merge_row(partial_row, lse_row, out_row, stride_split, num_splits,
+               SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+    """One query row's output: its splits' partial results [splits, D] weighted by their
+    log-sum-exps (a split that saw no key of the row has -inf, and weight 0)."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < num_splits
-    lse = tl.load(
-        lse_ptr + seq * stride_l_seq + head * stride_l_head + offs_s,
-        mask=in_range,
-        other=float("-inf"),
-    )
+    lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"), cache_modifier=CACHE)
     weights = tl.exp(lse - tl.max(lse, axis=0))
     weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
-    p_ptrs = (
-        partial_ptr
-        + seq * stride_p_seq
-        + head * stride_p_head
-        + offs_s[:, None] * stride_p_split
-        + offs_d[None, :]
-    )
-    partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
+    p_ptrs = partial_row + offs_s[:, None] * stride_split + offs_d[None, :]
+    partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0, cache_modifier=CACHE)
     out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(
-        out_ptr + seq * stride_o_seq + head * stride_o_head + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-    )
+    tl.store(out_row + offs_d, out.to(out_row.dtype.element_ty))
+
+
+@triton.jit
+def _merge_splits(
+    partial_ptr, lse_ptr, out_ptr, stride_p_seq, stride_p_head, stride_p_split, stride_l_seq,
+    stride_l_head, stride_o_seq, stride_o_head, num_splits, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_for_previous_kernel(PDL)
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    _merge_row(
+        partial_ptr + seq * stride_p_seq + head * stride_p_head,
+        lse_ptr + seq * stride_l_seq + head * stride_l_head,
+        out_ptr + seq * stride_o_seq + head * stride_o_head,
+        stride_p_split, num_splits, SPLITS_PAD, HEAD_DIM, "",
+    )  # fmt: skip
 
 
 TILE_N = 64
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
+# Arrival counts of folding split programs, one per (sequence, KV head), zero between launches
+# (the last program resets its count). One set per device: a device's decode kernels run one at
+# a time, in stream order. More (sequence, KV head) pairs than this merge by the second kernel.
+MAX_FOLD_SLOTS = 1 << 14
+_arrivals: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counts(device: torch.device) -> torch.Tensor:
+    if device not in _arrivals:
+        _arrivals[device] = torch.zeros(MAX_FOLD_SLOTS, dtype=torch.int32, device=device)
+    return _arrivals[device]
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -278,6 +304,7 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
+    fold: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -285,7 +312,9 @@ def paged_decode(
     query count of each [B] int32, the largest count): a sequence's queries are its last
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
-    the kernel norms and rotates them and writes the new k and v to the cache itself."""
+    the kernel norms and rotates them and writes the new k and v to the cache itself. `fold`:
+    with several splits, the last of each (sequence, KV head)'s programs merges them, where the
+    second kernel would (up to MAX_FOLD_SLOTS pairs)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -313,6 +342,9 @@ def paged_decode(
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
+    fold = fold and not direct and batch * num_kv_heads <= MAX_FOLD_SLOTS
+    counts = _arrival_counts(q.device) if fold else context_lens
+    splits_pad = max(2, triton.next_power_of_2(num_splits))
     _decode_partial[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
@@ -322,6 +354,7 @@ def paged_decode(
         *p_strides, *l_strides,
         num_splits,
         *new,
+        out, counts, out.stride(0), out.stride(1),
         GROUP=group,
         GROUP_P2=triton.next_power_of_2(group),
         ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
@@ -336,16 +369,18 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
+        FOLD=fold,
+        SPLITS_PAD=splits_pad,
         **options,
     )  # fmt: skip
-    if not direct:
+    if not direct and not fold:
         _merge_splits[(num_rows, num_heads)](
             partial, lse, out,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),
             out.stride(0), out.stride(1),
             num_splits,
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+            SPLITS_PAD=splits_pad,
             HEAD_DIM=head_dim,
             PDL=bool(options), **options,
         )  # fmt: skip
