@@ -194,15 +194,25 @@ def _decode_partial(
             slot = seq * tl.num_programs(1) + kv_head
             if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == num_splits - 1:
                 used = tl.cdiv(num_tiles, tiles_per_split)  # the splits that saw keys
-                for r in range(QUERIES_P2 * GROUP_P2):
-                    if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
-                        row_token = query_start + r // GROUP_P2
-                        head = kv_head * GROUP + r % GROUP_P2
+                if MULTI:  # a verify step: its queries' rows, as many as the sequence has
+                    for r in range(QUERIES_P2 * GROUP_P2):
+                        if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
+                            row = query_start + r // GROUP_P2
+                            head = kv_head * GROUP + r % GROUP_P2
+                            _merge_row(
+                                out_ptr + row * stride_o_seq + head * stride_o_head,
+                                lse_ptr + row * stride_l_seq + head * stride_l_head,
+                                final_ptr + row * stride_f_seq + head * stride_f_head,
+                                stride_o_split, used, SPLITS_PAD, HEAD_DIM, True,
+                            )  # fmt: skip
+                else:  # unrolled, without branches: every head's loads issue together
+                    for g in tl.static_range(GROUP):
+                        head = kv_head * GROUP + g
                         _merge_row(
-                            out_ptr + row_token * stride_o_seq + head * stride_o_head,
-                            lse_ptr + row_token * stride_l_seq + head * stride_l_head,
-                            final_ptr + row_token * stride_f_seq + head * stride_f_head,
-                            stride_o_split, used, SPLITS_PAD, HEAD_DIM, ".cg",
+                            out_ptr + seq * stride_o_seq + head * stride_o_head,
+                            lse_ptr + seq * stride_l_seq + head * stride_l_head,
+                            final_ptr + seq * stride_f_seq + head * stride_f_head,
+                            stride_o_split, used, SPLITS_PAD, HEAD_DIM, True,
                         )  # fmt: skip
                 tl.atomic_xchg(counter_ptr + slot, 0)
 
@@ -236,18 +246,28 @@ def _write_new_kv(
 
 
 @triton.jit
-def _merge_row(partial_row, lse_row, out_row, stride_split, num_splits,
-               SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+def _merge_row(partial_row, lse_row, out_row, stride_split, num_splits, SPLITS_PAD: tl.constexpr,
+               HEAD_DIM: tl.constexpr, IN_PLACE: tl.constexpr):  # fmt: skip
     """One query row's output: its splits' partial results [splits, D] weighted by their
-    log-sum-exps (a split that saw no key of the row has -inf, and weight 0)."""
+    log-sum-exps (a split that saw no key of the row has -inf, weight 0, and a partial of 0/0).
+    IN_PLACE (the splits' last program merging them): the splits given are those that saw
+    keys, so all are loaded at once, past L1 (other programs wrote them); else only those of
+    weight above 0 are, after the log-sum-exps."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < num_splits
-    lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"), cache_modifier=CACHE)
+    p_ptrs = partial_row + offs_s[:, None] * stride_split + offs_d[None, :]
+    if IN_PLACE:
+        lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+        partial = tl.load(p_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
+    else:
+        lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"))
     weights = tl.exp(lse - tl.max(lse, axis=0))
     weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
-    p_ptrs = partial_row + offs_s[:, None] * stride_split + offs_d[None, :]
-    partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0, cache_modifier=CACHE)
+    if IN_PLACE:
+        partial = tl.where((weights > 0)[:, None], partial, 0.0)
+    else:
+        partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
     out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
     tl.store(out_row + offs_d, out.to(out_row.dtype.element_ty))
 
@@ -265,7 +285,7 @@ def _merge_splits(
         partial_ptr + seq * stride_p_seq + head * stride_p_head,
         lse_ptr + seq * stride_l_seq + head * stride_l_head,
         out_ptr + seq * stride_o_seq + head * stride_o_head,
-        stride_p_split, num_splits, SPLITS_PAD, HEAD_DIM, "",
+        stride_p_split, num_splits, SPLITS_PAD, HEAD_DIM, False,
     )  # fmt: skip
 
 
