@@ -48,9 +48,10 @@
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
 #   tools/gpu_issue22.sh merge    the split attention merged in place (device.fused_attention_merge):
-#                                 its GPU tests, W4 of every format against the defaults, and W4
-#                                 wint8 and wint4 with PDL off against on (one machine, so that
-#                                 the two profiles' machines no longer stand in for an A/B)
+#                                 its GPU tests, and W4 of every format against the defaults
+#   tools/gpu_issue22.sh switches W4 wint8 and wint4 with PDL off against on (one machine: the
+#                                 two profiles of 12-06 ran on two), and W4 of the 0.6B (bf16,
+#                                 wint4) with the add and norm fused into the products
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -275,15 +276,18 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
-  merge)  # the split attention merged by its last program, against the merge kernel; PDL's
-          # own A/B for the weight-only formats
+  merge)  # the split attention merged by its last program, against the merge kernel
     timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py tests/compute/test_gpu.py -k "decode or merged or graphs_equal" \
       > "$out/gpu_tests.log" 2>&1
-    w4 none,fp8,wint8,wint4 "${W4_S:-260}" m --candidate device.fused_attention_merge=true
-    w4 wint8,wint4 "${W4_S:-170}" p --candidate device.pdl=false
+    w4 none,fp8,wint8,wint4 "${W4_S:-330}" m --candidate device.fused_attention_merge=true
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
-    for name in m p; do echo "== w4 $name"; tail -9 "$out/w4_$name.log"; done
+    echo "== w4 m"; tail -12 "$out/w4_m.log"
+    ;;
+  switches)  # PDL's own A/B for the weight-only formats; the norm fusion on the 0.6B, with PDL
+    w4 wint8,wint4 "${W4_S:-200}" p --candidate device.pdl=false
+    w4 none,wint4 150 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
+    for name in p n; do echo "== w4 $name"; tail -9 "$out/w4_$name.log"; done
     ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile
@@ -309,6 +313,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge|switches" >&2; exit 2 ;;
 esac
 exit 0
