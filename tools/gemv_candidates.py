@@ -124,8 +124,6 @@ def neighbours(base: Tiles, fmt: str, pdl_on: bool = False, int4_group: int = 32
             found.append(r(base, num_stages=2 if base.num_stages > 2 else 4))
     if fmt == "wint8":
         found.append(r(base, words=not base.words))
-        if base.dot and not (base.words and base.bits):  # int8's nibble planes (weight_tiles.py)
-            found.append(r(base, words=True, bits=True))
     if pdl_on:
         found.append(r(base, prefetch=not base.prefetch))
     return found
@@ -153,11 +151,6 @@ def refined(
         if (int4_group or 32) >= 64:  # raw tiles: a step of one group (int4_blocks_dot.py)
             raw = dataclasses.replace(tensor_cores, block_k=min(128, int4_group), bits=True)
             found += neighbours(raw, fmt, on, int4_group)
-    if fmt == "wint8":  # int8's nibble planes on tensor cores: every row count
-        planes = Tiles(
-            True, 128, 128, rule.splits, num_warps=4, num_stages=1, words=True, bits=True
-        )
-        found += neighbours(planes, fmt, on)
     if rows == 1:
         fma = dataclasses.replace(rule, dot=False, block_n=16, block_k=512)
         found += neighbours(fma, fmt, on, int4_group)

@@ -46,14 +46,11 @@ from aioworker.compute.layers.gemv.int4_blocks_loop import int4_blocks_loop
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 from aioworker.compute.layers.gemv.rows import accumulate, x_step
 from aioworker.compute.layers.gemv.weight_tiles import (
-    in_planes_order,
     int4_group_scales,
     int4_values,
     int8_pairs_tile,
-    int8_planes_tiles,
     weight_tile,
 )
-from aioworker.compute.layers.gemv.widening import INT8_PLANES_OFFSET
 
 
 @triton.jit
@@ -255,17 +252,8 @@ def _rows_step(
 ):  # fmt: skip
     """acc plus x times W's rows `w_rows` over one step of K: the tile widened then multiplied,
     or for int4 on tensor cores with BITS, q - 8 multiplied as is and the step's group scale and
-    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling. int8 on
-    tensor cores with WORDS and BITS: its two nibble planes as raw values (weight_tiles.py's
-    int8_planes_tiles), the high plane times 16 x, the offsets off the sums."""
-    if DOT and WORDS > 0 and BITS:
-        high, low = int8_planes_tiles(w_ptr, w_rows, in_range, k0, stride_w, depth,
-                                      x.dtype, WORDS, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
-        x_planes = in_planes_order(x)
-        acc = accumulate(acc, x_planes * 16.0, x_scale, high, DOT, IEEE, A8)
-        acc = accumulate(acc, x_planes, x_scale, low, DOT, IEEE, A8)
-        acc -= INT8_PLANES_OFFSET * tl.sum(x.to(tl.float32), axis=1)[None, :]
-    elif DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
+    offset applied to the sums (s * sum (q - 8) x + o * sum x): no per-value scaling."""
+    if DOT and WORDS == 1:  # int8 in bf16 pairs by PTX, for bf16 rows (weight_tiles.py)
         w = int8_pairs_tile(w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N,
                             BLOCK_K)  # fmt: skip
         acc = accumulate(acc, x, x_scale, w, DOT, IEEE, A8)

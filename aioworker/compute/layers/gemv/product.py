@@ -132,15 +132,12 @@ def _words(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
     """Tiles.words on int8: by PTX (1), or on FMA tiles for CPU tensors, which only Triton's
     interpreter takes and it runs no PTX, by Triton's operations (2, the same values); else 0.
     On tensor cores the PTX makes bf16 pairs, for bf16 rows only, reading W as int16 (K, the
-    row stride and the address multiples of 4); elsewhere the dot tiles widen as they would.
-    With `bits` on tensor cores, the nibble planes (weight_tiles.int8_planes_tiles): by PTX
-    where the pairs would be, else by Triton's operations (2)."""
+    row stride and the address multiples of 4); elsewhere the dot tiles widen as they would."""
     if not tiles.words or weight.dtype != torch.int8:
         return 0
     if tiles.dot:
         aligned = not (weight.shape[1] % 4 or weight.stride(0) % 4 or weight.data_ptr() % 4)
-        by_ptx = weight.is_cuda and x.dtype == torch.bfloat16 and aligned
-        return 1 if by_ptx else 2 if tiles.bits else 0
+        return int(weight.is_cuda and x.dtype == torch.bfloat16 and aligned)
     return 2 if weight.device.type == "cpu" else 1
 
 

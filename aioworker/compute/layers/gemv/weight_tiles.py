@@ -9,8 +9,6 @@ import triton.language as tl
 from aioworker.compute.layers.gemv.widening import (
     exact_float32,
     int8_pairs_as_bf16,
-    int8_planes_as_bf16,
-    int8_planes_as_float32,
     int8_words_as_float32,
     signed_nibble_as,
 )
@@ -156,47 +154,3 @@ def int8_pairs_in_k_order(pair0, pair1, BLOCK_N: tl.constexpr, BLOCK_K: tl.const
     """Each word's pairs (k, k + 1) and (k + 2, k + 3), [N, words, 2] each, as [N, K]."""
     joined = tl.join(pair0, pair1)  # [N, word, half, pair]
     return tl.reshape(tl.permute(joined, (0, 1, 3, 2)), (BLOCK_N, BLOCK_K))
-
-
-@triton.jit
-def int8_planes_tiles(w_ptr, w_rows, in_range, k0, stride_w, depth, dtype: tl.constexpr,
-                      WORDS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):  # fmt: skip
-    """int8 W's rows at columns k0 .. k0 + BLOCK_K as two raw planes in `in_planes_order`, (high, low):
-    136 + hs and 128 + l, exact in bf16, for the tensor cores (`words` and `bits` on dot tiles:
-    widening.py's INT8_PLANES_OFFSET says how the sums are put back together). WORDS 1: by PTX
-    from W read as int16 (bf16 rows; K and the row stride multiples of 4: the product checks),
-    2: by Triton's operations. Rows past N read row 0 (their sums are never stored)."""
-    if WORDS == 1:
-        planes = int8_planes_as_bf16(_int8_word_halves(
-            w_ptr, w_rows, in_range, k0, stride_w, depth, EVEN_K, BLOCK_N, BLOCK_K))  # fmt: skip
-        high = planes_in_k_order(planes[2], planes[3], BLOCK_N, BLOCK_K)
-        low = planes_in_k_order(planes[0], planes[1], BLOCK_N, BLOCK_K)
-    else:
-        ks = k0 + tl.arange(0, BLOCK_K)
-        at = tl.where(in_range, w_rows, 0)[:, None] * stride_w + ks[None, :]
-        if EVEN_K:  # noqa: SIM108 - a constexpr branch
-            tile = tl.load(w_ptr + at)
-        else:
-            tile = tl.load(w_ptr + at, mask=(ks < depth)[None, :], other=0)
-        high, low = int8_planes_as_float32(tile)
-    return in_planes_order(high.to(dtype)), in_planes_order(low.to(dtype))
-
-
-@triton.jit
-def planes_in_k_order(even, odd, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """A plane's two PTX outputs, [N, words, e] values k = 4 w + 2 e (even) and 4 w + 2 e + 1
-    (odd), as [N, K] in K's order."""
-    return tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
-
-
-@triton.jit
-def in_planes_order(tile):
-    """[rows, K] in K's order -> each word's values (k, k + 2, k + 1, k + 3): the order in which
-    `int8_planes_as_bf16` puts two values in a register, as the tensor cores take a register's
-    two values as neighbouring columns (x's slice is put in the same order; a product sums over
-    K). In K's order, the compiler re-paired every register's halves, 1.6 PRMTs a weight."""
-    rows: tl.constexpr = tile.shape[0]
-    width: tl.constexpr = tile.shape[1]
-    by_k = tl.reshape(tile, (rows, width // 4, 2, 2))  # [rows, word, e, p]: k = 4 w + 2 e + p
-    return tl.reshape(tl.permute(by_k, (0, 1, 3, 2)), (rows, width))

@@ -15,9 +15,6 @@ integer operations on the bits and one float add or multiply:
   sign bits, one PRMT per value assembles the bytes of 0x4B000000 | (q + 128), one subtract.
   Triton's own code for the line above spends about 1.5 integer operations more per value
   (sm_90 SASS, tools/sass_mix.py), as it widens each byte to 32 bits first.
-- int8 as two nibble planes for the tensor cores (`int8_planes_as_bf16`): 128 + l and, its top
-  bit flipped, 136 + hs, each a rotation and a LOP3; the sums give q = 16 hs + l back
-  (weight_tiles.int8_planes_tiles).
 - e4m3 (sign, 4 exponent bits e, 3 mantissa bits m): placing its 7 low bits at bits 20..26 of a
   float32 gives 2^(e - 127) (1 + m/8), or for e = 0 the float32 subnormal (m/8) 2^-126: either
   way the value times 2^-120. One multiply by 2^120 restores it exactly. (e4m3fn's NaN byte
@@ -161,36 +158,3 @@ def lop3_rotations_ptx(word: str, mask: int, outputs, setup=(), registers=()) ->
         lines += after
     declared = ", ".join(["k", *(f"r{r}" for r in rotations), *registers])
     return "{\n    .reg .b32 " + declared + ";\n    " + "\n    ".join(lines) + "\n}"
-
-
-# $4: four int8 values (k .. k + 3, the first in the low byte) as two int16; $0: the low nibbles
-# l of k and k + 2 as bf16x2 128 + l (LUT 0xEA: a & k, c elsewhere), $1: of k + 1 and k + 3;
-# $2, $3: the high nibbles the same way, their top bit flipped (LUT 0x6A: a ^ c under k, c
-# elsewhere), 136 + hs with hs the signed high nibble. Each a rotation and a LOP3, no
-# arithmetic: q = 16 hs + l = 16 (high - 136) + (low - 128), the offsets taken off the sums.
-_INT8_PLANES_AS_BF16 = tl.constexpr(lop3_rotations_ptx("$4", 0x000F000F, (
-    ("$0", 0, 0x43004300, 0xEA), ("$1", 8, 0x43004300, 0xEA),
-    ("$2", 4, 0x43084308, 0x6A), ("$3", 12, 0x43084308, 0x6A),
-)))  # fmt: skip
-INT8_PLANES_OFFSET = tl.constexpr(2304.0)  # 16 * 136 + 128: sum x q = 16 d_high + d_low - 2304 X
-
-
-@triton.jit
-def int8_planes_as_bf16(halves):
-    """int8 values loaded as int16 [..., 2] (a word's two halves): the word's low nibbles (values
-    k, k + 2; k + 1, k + 3) and high nibbles (the same), four bf16 tensors shaped as `halves`,
-    by PTX (`_INT8_PLANES_AS_BF16`)."""
-    return tl.inline_asm_elementwise(
-        _INT8_PLANES_AS_BF16, "=r,=r,=r,=r,r", [halves], dtype=(tl.bfloat16,) * 4,
-        is_pure=True, pack=2,
-    )  # fmt: skip
-
-
-@triton.jit
-def int8_planes_as_float32(tile):
-    """An int8 tile's (high, low) planes as float32 136 + hs and 128 + l, exactly: the values
-    `int8_planes_as_bf16` gives, by Triton's operations (the interpreter runs no PTX)."""
-    bits = tile.to(tl.uint8, bitcast=True).to(tl.int32)
-    high = ((bits >> 4) ^ 8).to(tl.float32) + 128.0
-    low = (bits & 0xF).to(tl.float32) + 128.0
-    return high, low

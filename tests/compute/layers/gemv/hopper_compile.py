@@ -147,13 +147,6 @@ def main() -> None:
         ptx = triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1}).asm["ptx"]
         assert "sub.rn.bf16x2" not in ptx, "a raw tile is left as the LOP3 makes it"
         print(f"compiled int4-blocks dot=True gated={gated} raw")
-    for gated in (True, False):  # int8's nibble planes on tensor cores (words and bits): gated,
-        # uneven and split K; plain and even
-        variant = product_variant("int8", gated, True, gated, not gated, "", aligned=True,
-                                  WORDS=1, BITS=True, BLOCK_N=128, BLOCK_K=128)  # fmt: skip
-        ptx = triton.compile(variant, HOPPER, {"num_warps": 4, "num_stages": 1}).asm["ptx"]
-        assert "0x43084308" in ptx, "the high plane's LOP3 is in the kernel"
-        print(f"compiled int8 dot=True gated={gated} planes")
     for dot in (True, False):  # int4's blocks for float32 rows: Triton's operations, not PTX
         variant = product_variant("int4-blocks", True, dot, True, False, "", x="*fp32",
                                   INT4_BLOCKS=2, IEEE=True)  # fmt: skip

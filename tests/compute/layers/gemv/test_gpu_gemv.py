@@ -246,21 +246,6 @@ def test_raw_int4_tiles_in_groups_of_128_equal_the_reference_at_each_shape() -> 
     assert not shape_failures(128, operands, cases)
 
 
-def test_int8_nibble_planes_equal_the_reference_at_each_shape() -> None:
-    """int8 as two raw nibble planes on tensor cores (words and bits on dot tiles, the PTX's
-    planes and their order in the tile, weight_tiles.int8_planes_tiles) at 1, 3 and 8 rows,
-    every shape, split K added by a second kernel and folded."""
-    from aioworker.compute.layers.gemv.tiles import Tiles
-
-    def operands(channels, depth):
-        return stored(_dense(channels, depth), "int8")
-
-    cases = ((1, Tiles(True, 128, 128, 1, 4, num_stages=1, words=True, bits=True)),
-             (3, Tiles(True, 64, 128, 4, 4, words=True, bits=True, fold=True)),
-             (8, Tiles(True, 128, 256, 2, 4, num_stages=1, words=True, bits=True)))  # fmt: skip
-    assert not shape_failures(4, operands, cases)
-
-
 @pytest.mark.parametrize("fmt", ["e4m3", "int8", "int4", "int4-words"])
 def test_bits_tiles_equal_the_reference_in_bf16(fmt: str) -> None:
     """Weights widened by bit operations (widening.py), on the FMA tiles at one row and on the

@@ -126,52 +126,6 @@ def test_int8_weights_with_channel_scales_equal_their_dequantized_product(tiles:
     torch.testing.assert_close(got, reference(x, q, scale), rtol=1e-4, atol=1e-3)
 
 
-PLANES_TILES = [
-    Tiles(block_n=16, block_k=64, words=True, bits=True),
-    Tiles(block_n=32, block_k=32, splits=4, words=True, bits=True),  # a slice past K's end
-    Tiles(block_n=16, block_k=32, splits=2, words=True, bits=True, fold=True),
-]
-
-
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("tiles", PLANES_TILES)
-@pytest.mark.parametrize("gated", [False, True])
-def test_int8_nibble_planes_equal_the_dequantized_product(rows, tiles: Tiles, gated) -> None:
-    """int8 on tensor cores as two raw nibble planes (weight_tiles.int8_planes_tiles): the high
-    plane times 16 x plus the low plane, less 2304 times the step's sum of x, then the channel
-    scale. x's sums far from zero, so a wrong offset shows (a unit off in 2304 moves each sum
-    by its row's sum of x, several percent of the largest). The float32 sums round 2304 X's worth, ~1e-5 of the largest sum:
-    the bound, 1e-4 of the largest output, is 40 times under bf16's rounding of an output."""
-    from aioworker.compute.layers.weight_only import quantize_int8
-
-    g = torch.Generator().manual_seed(rows)
-    x = (torch.randn(rows, 224, generator=g) + 0.5).to(DEVICE)
-    q, scale = quantize_int8(torch.randn(2 * 24, 224, generator=g))
-    q, scale = q.to(DEVICE), scale.to(DEVICE)
-    got = small_rows_product(x, q, tiles, scale=scale, gated=gated)
-    want = reference(x, q, scale, gated)
-    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
-
-
-def test_int8_nibble_planes_take_the_residual_add_and_norm() -> None:
-    """The planes' offsets come off the sums of the normed x, as the tensor cores took it."""
-    from aioworker.compute.layers.weight_only import quantize_int8
-
-    g = torch.Generator().manual_seed(9)
-    x, residual = torch.randn(2, 128, generator=g), torch.randn(2, 128, generator=g)
-    norm_weight = torch.rand(128, generator=g) + 0.5
-    q, scale = quantize_int8(torch.randn(40, 128, generator=g))
-    h = x + residual
-    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
-    add_norm = AddNorm(residual.to(DEVICE), norm_weight.to(DEVICE), 1e-6,
-                       torch.empty_like(x).to(DEVICE))  # fmt: skip
-    tiles = Tiles(block_n=16, block_k=32, splits=2, words=True, bits=True)
-    got = small_rows_product(x.to(DEVICE), q.to(DEVICE), tiles, scale=scale.to(DEVICE),
-                             add_norm=add_norm).cpu()  # fmt: skip
-    want = reference(normed, q, scale)
-    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
-
-
 INT4_TILES = [
     Tiles(block_n=16, block_k=16, splits=3),  # tiles inside one group of 32
     Tiles(block_n=32, block_k=64),  # two groups a tile

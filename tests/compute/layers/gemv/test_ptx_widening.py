@@ -135,23 +135,6 @@ def test_raw_tensor_core_widening_leaves_each_pair_at_128_plus_8q(seed: int) -> 
         assert _bf16_pair(regs[f"${t}"]) == (128.0 + 8 * values[t], 128.0 + 8 * values[t + 4])
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_int8_planes_make_each_nibble_raw_and_give_back_the_value(seed: int) -> None:
-    """weight_tiles.int8_planes_tiles' PTX: register t holds the low (t < 2) or high plane of
-    values t % 2 and t % 2 + 2, as 128 + l and 136 + the signed high nibble; 16 (high - 136)
-    + (low - 128) is the value, for every byte."""
-    g = torch.Generator().manual_seed(seed)
-    values = torch.randint(-128, 128, (4,), generator=g).tolist()
-    word = sum((v & 0xFF) << 8 * i for i, v in enumerate(values))
-    regs = run_ptx(widening._INT8_PLANES_AS_BF16.value, {"$4": word})
-    for p in (0, 1):
-        lows, highs = _bf16_pair(regs[f"${p}"]), _bf16_pair(regs[f"${p + 2}"])
-        for e in (0, 1):
-            q = values[2 * e + p]
-            assert lows[e] == 128 + (q & 0xF)
-            assert 16 * (highs[e] - 136) + (lows[e] - 128) == q
-
-
 def test_int8_words_widen_four_values_a_word_in_order() -> None:
     """widening.py's `words`: byte n of the word, the n-th value along K, as float32 q."""
     values = [-128, -1, 0, 127, 5, -77, 64, 33]

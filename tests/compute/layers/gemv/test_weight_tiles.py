@@ -1,4 +1,4 @@
-"""weight_tiles.py's int8 pairs and nibble planes for the tensor cores: the order the PTX's
+"""weight_tiles.py's int8 pairs for the tensor cores: the order the PTX's
 registers take in the tile, checked under Triton's interpreter by feeding that reordering values
 made by Triton's operations (the PTX itself: test_ptx_widening.py; on the GPU:
 test_gpu_gemv.py)."""
@@ -18,9 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from aioworker.compute.layers.gemv.weight_tiles import (  # noqa: E402
-    in_planes_order,
     int8_pairs_in_k_order,
-    planes_in_k_order,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,27 +42,3 @@ def test_a_words_two_pairs_land_in_k_order() -> None:
     out = torch.zeros_like(w)
     _ordered[(1,)](w, out, 4, 32)
     assert torch.equal(out, w)
-
-
-@triton.jit
-def _planes(w_ptr, out_ptr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """A plane's registers as the PTX fills them, [N, words, e]: values 4 w + 2 e (even) and
-    4 w + 2 e + 1 (odd); put in K's order, then in the planes' order."""
-    WORDS: tl.constexpr = BLOCK_K // 4
-    at = tl.arange(0, BLOCK_N)[:, None, None] * BLOCK_K + tl.arange(0, WORDS)[None, :, None] * 4
-    e = 2 * tl.arange(0, 2)[None, None, :]
-    tile = planes_in_k_order(tl.load(w_ptr + at + e), tl.load(w_ptr + at + e + 1), BLOCK_N,
-                             BLOCK_K)  # fmt: skip
-    rows = tl.arange(0, BLOCK_N)[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
-    tl.store(out_ptr + rows, in_planes_order(tile))
-
-
-def test_a_planes_registers_land_in_k_order_then_in_pairs_the_tensor_cores_take() -> None:
-    """Each word's values in the order (k, k + 2, k + 1, k + 3): a register's two values (k and
-    k + 2) neighbouring columns."""
-    w = torch.arange(4 * 32, dtype=torch.float32).reshape(4, 32).to(DEVICE)
-    out = torch.zeros_like(w)
-    _planes[(1,)](w, out, 4, 32)
-    want = w.reshape(4, 8, 2, 2).transpose(2, 3).reshape(4, 32)
-    assert torch.equal(out, want)
-    assert out[0, :4].tolist() == [0.0, 2.0, 1.0, 3.0]
