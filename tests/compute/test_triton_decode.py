@@ -122,6 +122,16 @@ def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
     assert error < 1e-5, error
 
 
+def sequences(g: torch.Generator, query_lens: list[int] | None, block_size=16, num_blocks=64):
+    """Four sequences of 5, TILE_N + 5, 3 TILE_N and 17 tokens, their query counts (one each
+    where None) and block tables of distinct, shuffled blocks."""
+    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
+    query_lens = torch.tensor(query_lens or [1] * 4, dtype=torch.int32)
+    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
+    block_tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, -1)
+    return context_lens, query_lens, block_tables
+
+
 @pytest.mark.parametrize(("num_splits", "multi", "with_norm"),
                          [(1, False, False), (3, False, True), (3, True, False), (2, True, True)])  # fmt: skip
 def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi, with_norm) -> None:
@@ -133,10 +143,8 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
 
     g = torch.Generator().manual_seed(21 + num_splits)
     num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
-    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
-    query_lens = torch.tensor([1, 5, 3, 8] if multi else [1, 1, 1, 1], dtype=torch.int32)
-    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
-    block_tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, -1)
+    context_lens, query_lens, block_tables = sequences(g, [1, 5, 3, 8] if multi else None)
+    batch = len(context_lens)
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g)
     rows = int(query_lens.sum())
     qkv = torch.randn(rows, (num_heads + 2 * num_kv_heads) * head_dim, generator=g)
@@ -180,15 +188,12 @@ def test_folded_splits_equal_the_merge_kernel_and_set_their_counts_back(num_spli
     """fold: the last of a (sequence, KV head)'s split programs merges the splits, where the
     second kernel would. The same values, twice in a row (so every count went back to zero),
     with verify steps' several queries, and with more splits than saw keys (16: most empty)."""
-    from aioworker.compute.layers.attention import triton_decode
+    from aioworker.compute.layers.arrivals import arrival_counts
 
     g = torch.Generator().manual_seed(31 + num_splits)
     num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
-    context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
     # Sequence 1's first three queries see no key of its second tile: a split of 0/0 to drop.
-    query_lens = torch.tensor([1, 8, 3, 8] if multi else [1, 1, 1, 1], dtype=torch.int32)
-    batch, max_blocks = len(context_lens), -(-int(context_lens.max()) // block_size)
-    block_tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(batch, -1)
+    context_lens, query_lens, block_tables = sequences(g, [1, 8, 3, 8] if multi else None)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
     q = torch.randn(int(query_lens.sum()), num_heads, head_dim, generator=g)
@@ -203,4 +208,4 @@ def test_folded_splits_equal_the_merge_kernel_and_set_their_counts_back(num_spli
         folded = paged_decode(*arguments, queries=queries, out=unwritten, fold=True).cpu()
         tolerance = {"rtol": 0, "atol": 0} if DEVICE == "cpu" else {}
         torch.testing.assert_close(folded, merged, **tolerance)
-    assert int(triton_decode._arrival_counts(arguments[0].device).count_nonzero()) == 0
+    assert int(arrival_counts(arguments[0].device).count_nonzero()) == 0

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from aioworker.compute.layers.arrivals import MAX_COUNTS, arrival_counts
 from aioworker.compute.layers.fused import norm_rope_rows
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
@@ -194,26 +195,18 @@ def _decode_partial(
             slot = seq * tl.num_programs(1) + kv_head
             if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == num_splits - 1:
                 used = tl.cdiv(num_tiles, tiles_per_split)  # the splits that saw keys
+                strides = (stride_o_seq, stride_o_head, stride_o_split, stride_l_seq,
+                           stride_l_head, stride_f_seq, stride_f_head)  # fmt: skip
                 if MULTI:  # a verify step: its queries' rows, as many as the sequence has
                     for r in range(QUERIES_P2 * GROUP_P2):
                         if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
-                            row = query_start + r // GROUP_P2
-                            head = kv_head * GROUP + r % GROUP_P2
-                            _merge_row(
-                                out_ptr + row * stride_o_seq + head * stride_o_head,
-                                lse_ptr + row * stride_l_seq + head * stride_l_head,
-                                final_ptr + row * stride_f_seq + head * stride_f_head,
-                                stride_o_split, used, SPLITS_PAD, HEAD_DIM, True,
-                            )  # fmt: skip
+                            _merge_row(out_ptr, lse_ptr, final_ptr, query_start + r // GROUP_P2,
+                                       kv_head * GROUP + r % GROUP_P2, *strides, used,
+                                       SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
                 else:  # unrolled, without branches: every head's loads issue together
                     for g in tl.static_range(GROUP):
-                        head = kv_head * GROUP + g
-                        _merge_row(
-                            out_ptr + seq * stride_o_seq + head * stride_o_head,
-                            lse_ptr + seq * stride_l_seq + head * stride_l_head,
-                            final_ptr + seq * stride_f_seq + head * stride_f_head,
-                            stride_o_split, used, SPLITS_PAD, HEAD_DIM, True,
-                        )  # fmt: skip
+                        _merge_row(out_ptr, lse_ptr, final_ptr, seq, kv_head * GROUP + g,
+                                   *strides, used, SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
                 tl.atomic_xchg(counter_ptr + slot, 0)
 
 
@@ -246,17 +239,21 @@ def _write_new_kv(
 
 
 @triton.jit
-def _merge_row(partial_row, lse_row, out_row, stride_split, num_splits, SPLITS_PAD: tl.constexpr,
-               HEAD_DIM: tl.constexpr, IN_PLACE: tl.constexpr):  # fmt: skip
-    """One query row's output: its splits' partial results [splits, D] weighted by their
-    log-sum-exps (a split that saw no key of the row has -inf, weight 0, and a partial of 0/0).
-    IN_PLACE (the splits' last program merging them): the splits given are those that saw
-    keys, so all are loaded at once, past L1 (other programs wrote them); else only those of
-    weight above 0 are, after the log-sum-exps."""
+def _merge_row(partial_ptr, lse_ptr, out_ptr, row, head, stride_p_seq, stride_p_head,
+               stride_p_split, stride_l_seq, stride_l_head, stride_o_seq, stride_o_head,
+               num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+               IN_PLACE: tl.constexpr):  # fmt: skip
+    """Query row `row`'s output for `head`: its splits' partial results [splits, D] weighted by
+    their log-sum-exps (a split that saw no key of the row has -inf, weight 0, and a partial of
+    0/0). IN_PLACE (the splits' last program merging them): the splits given are those that
+    saw keys, so all are loaded at once, past L1 (other programs wrote them); else only those
+    of weight above 0 are, after the log-sum-exps."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < num_splits
-    p_ptrs = partial_row + offs_s[:, None] * stride_split + offs_d[None, :]
+    lse_row = lse_ptr + row * stride_l_seq + head * stride_l_head
+    p_ptrs = (partial_ptr + row * stride_p_seq + head * stride_p_head
+              + offs_s[:, None] * stride_p_split + offs_d[None, :])  # fmt: skip
     if IN_PLACE:
         lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"), cache_modifier=".cg")
         partial = tl.load(p_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
@@ -269,7 +266,8 @@ def _merge_row(partial_row, lse_row, out_row, stride_split, num_splits, SPLITS_P
     else:
         partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
     out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_row + offs_d, out.to(out_row.dtype.element_ty))
+    out_row = out_ptr + row * stride_o_seq + head * stride_o_head
+    tl.store(out_row + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -279,30 +277,14 @@ def _merge_splits(
     HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_previous_kernel(PDL)
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    _merge_row(
-        partial_ptr + seq * stride_p_seq + head * stride_p_head,
-        lse_ptr + seq * stride_l_seq + head * stride_l_head,
-        out_ptr + seq * stride_o_seq + head * stride_o_head,
-        stride_p_split, num_splits, SPLITS_PAD, HEAD_DIM, False,
-    )  # fmt: skip
+    _merge_row(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_p_seq,
+               stride_p_head, stride_p_split, stride_l_seq, stride_l_head, stride_o_seq,
+               stride_o_head, num_splits, SPLITS_PAD, HEAD_DIM, False)  # fmt: skip
 
 
 TILE_N = 64
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
-# Arrival counts of folding split programs, one per (sequence, KV head), zero between launches
-# (the last program resets its count). One set per device: a device's decode kernels run one at
-# a time, in stream order. More (sequence, KV head) pairs than this merge by the second kernel.
-MAX_FOLD_SLOTS = 1 << 14
-_arrivals: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counts(device: torch.device) -> torch.Tensor:
-    if device not in _arrivals:
-        _arrivals[device] = torch.zeros(MAX_FOLD_SLOTS, dtype=torch.int32, device=device)
-    return _arrivals[device]
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -334,7 +316,7 @@ def paged_decode(
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself. `fold`:
     with several splits, the last of each (sequence, KV head)'s programs merges them, where the
-    second kernel would (up to MAX_FOLD_SLOTS pairs)."""
+    second kernel would (up to arrivals.MAX_COUNTS pairs)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -362,8 +344,8 @@ def paged_decode(
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
-    fold = fold and not direct and batch * num_kv_heads <= MAX_FOLD_SLOTS
-    counts = _arrival_counts(q.device) if fold else context_lens
+    fold = fold and not direct and batch * num_kv_heads <= MAX_COUNTS  # a count a (seq, head)
+    counts = arrival_counts(q.device) if fold else context_lens
     splits_pad = max(2, triton.next_power_of_2(num_splits))
     _decode_partial[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,

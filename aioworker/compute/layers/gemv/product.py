@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from aioworker.compute.layers.arrivals import MAX_COUNTS, arrival_counts
 from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.finish import reduce_kernel
@@ -17,18 +18,8 @@ from aioworker.compute.layers.quantized.weight_only import INT4_BLOCK
 
 REDUCE_BLOCK = 256
 LINE_BYTES = 128  # what a prefetch fetches
-# Arrival counts of a folding split's programs (Tiles.fold), one per output tile, zero between
-# products (the last program of a tile resets its count). One set per device: a device's
-# products run one at a time, in stream order (the executor's stream, or the graph replaying
-# them).
-MAX_FOLD_TILES = 1 << 14
-_arrivals: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counts(device: torch.device) -> torch.Tensor:
-    if device not in _arrivals:
-        _arrivals[device] = torch.zeros(MAX_FOLD_TILES, dtype=torch.int32, device=device)
-    return _arrivals[device]
+# A folding split's programs (Tiles.fold) count their arrivals one count per output tile.
+MAX_FOLD_TILES = MAX_COUNTS
 
 
 def _k_per_split(depth: int, tiles: Tiles) -> tuple[int, int]:
@@ -68,7 +59,7 @@ def small_rows_product(
     if fold:
         if output_tiles > MAX_FOLD_TILES:
             raise ValueError(f"{output_tiles} output tiles fold split K: at most {MAX_FOLD_TILES}")
-        counts = _arrival_counts(x.device)
+        counts = arrival_counts(x.device)
     group, group_scale, group_offset, per_unit = 0, weight, weight, 1
     if int4_groups is not None:
         group_scale, group_offset = int4_groups

@@ -319,14 +319,14 @@ def test_bits_widen_int4_values_exactly(tiles: Tiles) -> None:
 def test_folding_splits_leave_every_arrival_count_at_zero() -> None:
     """The last program of each tile sets its count back: the next product (here the same one
     twice, and a gated one with more tiles) counts from zero, and nothing is left counted."""
-    from aioworker.compute.layers.gemv import product
+    from aioworker.compute.layers.arrivals import arrival_counts
 
     x, weight = torch.randn(3, 96).to(DEVICE), torch.randn(2 * 40, 96).to(DEVICE)
     tiles = Tiles(block_n=16, block_k=16, splits=3, fold=True)
     for gated in (False, False, True):
         got = small_rows_product(x, weight, tiles, gated=gated)
         torch.testing.assert_close(got, reference(x, weight, gated=gated), rtol=1e-4, atol=1e-4)
-    assert not product._arrival_counts(x.device).any()
+    assert not arrival_counts(x.device).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
