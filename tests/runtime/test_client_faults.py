@@ -19,8 +19,7 @@ LONG = SamplingParams(max_tokens=100000)
 
 def communicate_or_dump(process: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
     """The process's output once it exits within `timeout_s`; else fail with where each of its
-    threads stands (its faulthandler's dump on SIGABRT: PYTHONFAULTHANDLER=1 in its env). This
-    test has hung in full-suite runs only, rarely, and never where it could be looked at."""
+    threads stands (its faulthandler's dump on SIGABRT: PYTHONFAULTHANDLER=1 in its env)."""
     try:
         return process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -75,14 +74,22 @@ def test_ctrl_c_on_generate_connect_aborts_its_request(tmp_path) -> None:
     worker = start_worker(0, set_args, "--fake-executor", "--fake-step-ms", "20")
     try:
         wait_ready(config, [worker])
-        generate = subprocess.Popen(
-            [sys.executable, "-m", "aioworker.cli.main", "generate", "--connect", *set_args]
-            + ["--prompt-token-ids", "[1, 2, 3]", "--max-tokens", "100000", "--json"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-        )
+        # SIGINT as a terminal's foreground process gets it. A shell starts background jobs with
+        # SIGINT ignored, and an ignored signal stays ignored across exec, so a suite run in the
+        # background (`pytest &`, nohup) would hand the child a Ctrl-C it never sees; a handler
+        # in this process (reset to the default on exec) prevents that.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            generate = subprocess.Popen(
+                [sys.executable, "-m", "aioworker.cli.main", "generate", "--connect", *set_args]
+                + ["--prompt-token-ids", "[1, 2, 3]", "--max-tokens", "100000", "--json"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         while admin(config, "status").data["num_requests"] == 0:
             time.sleep(0.05)
         os.kill(generate.pid, signal.SIGINT)
