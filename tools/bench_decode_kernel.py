@@ -1,18 +1,28 @@
 """Paged decode attention alone, on the GPU: our Triton kernel against xformers' triton_splitk,
 in KV bytes read per second beside the measured copy bandwidth (the floor).
 
-    python tools/bench_decode_kernel.py [--seqs 64] [--context 4096]
+    python tools/bench_decode_kernel.py [--seqs 1 64 256] [--context 4096] [--heads 32]
+        [--warps 4] [--max-model-len 4096]
+
+--heads: query heads over 8 KV heads x 128 (32: Llama-3.1-8B, 16: Qwen3-0.6B). --warps: our
+kernel's warps a program, each a row of the table (triton_decode.DECODE_WARPS: 4 spills in its
+loop, 8 does not).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 
 from aioworker.bench.gpu import _copy_bytes_per_s, _time_cuda
 from aioworker.bench.report import format_table
-from aioworker.compute.layers.attention.triton_decode import choose_num_splits, paged_decode
+from aioworker.compute.layers.attention.triton_decode import (
+    DECODE_WARPS,
+    choose_num_splits,
+    paged_decode,
+)
 
 
 def cache(num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim: int):
@@ -25,8 +35,8 @@ def cache(num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim:
     return k, v, tables
 
 
-def ours(q, k, v, tables, lens, splits):
-    return lambda: paged_decode(q, k, v, tables, lens, q.shape[-1] ** -0.5, splits)
+def ours(q, k, v, tables, lens, splits, warps):
+    return lambda: paged_decode(q, k, v, tables, lens, q.shape[-1] ** -0.5, splits, num_warps=warps)
 
 
 def xformers(q, k, v, tables, lens, block_size):
@@ -50,20 +60,31 @@ def xformers(q, k, v, tables, lens, block_size):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqs", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--context", type=int, nargs="+", default=[4096])
+    parser.add_argument("--heads", type=int, nargs="+", default=[32])
+    parser.add_argument("--warps", type=int, nargs="+", default=[DECODE_WARPS])
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="the length the splits are chosen for, as the engine's graphs choose them (W4: 4096)",
+    )
     args = parser.parse_args()
     copy_bw = _copy_bytes_per_s()
-    heads, heads_kv, head_dim = 32, 8, 128
+    heads_kv, head_dim = 8, 128
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for num_seqs in args.seqs:
+    for heads, context, num_seqs in itertools.product(args.heads, args.context, args.seqs):
         q = torch.randn(num_seqs, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((num_seqs,), args.context, device="cuda", dtype=torch.int32)
-        kv_bytes = 2 * num_seqs * args.context * heads_kv * head_dim * 2
+        lens = torch.full((num_seqs,), context, device="cuda", dtype=torch.int32)
+        kv_bytes = 2 * num_seqs * context * heads_kv * head_dim * 2
         for block_size in (16, 64):
-            k, v, tables = cache(num_seqs, args.context, block_size, heads_kv, head_dim)
-            splits = choose_num_splits(num_seqs, heads_kv, args.context, sms)
-            candidates = [("triton (ours)", ours(q, k, v, tables, lens, splits))]
+            k, v, tables = cache(num_seqs, context, block_size, heads_kv, head_dim)
+            splits = choose_num_splits(num_seqs, heads_kv, max(context, args.max_model_len), sms)
+            candidates = [
+                (f"triton (ours), {warps} warps", ours(q, k, v, tables, lens, splits, warps))
+                for warps in args.warps
+            ]
             if block_size == 64:
                 try:
                     candidates.append(
@@ -75,6 +96,8 @@ def main() -> None:
                 seconds = _time_cuda(fn, 50)
                 rows.append(
                     [
+                        f"{heads}/{heads_kv}",
+                        str(context),
                         str(num_seqs),
                         str(block_size),
                         name,
@@ -84,9 +107,11 @@ def main() -> None:
                 )
             del k, v, tables
     print(
-        f"copy bandwidth {copy_bw / 1e12:.2f} TB/s; context {args.context}; 32 q / 8 kv heads x 128"
+        f"copy bandwidth {copy_bw / 1e12:.2f} TB/s; head dim {head_dim}; splits chosen for "
+        f"{args.max_model_len} tokens"
     )
-    print(format_table(["seqs", "page", "kernel", "ms", "KV read / copy bw"], rows))
+    headers = ["q/kv heads", "context", "seqs", "page", "kernel", "ms", "KV read / copy bw"]
+    print(format_table(headers, rows))
 
 
 if __name__ == "__main__":

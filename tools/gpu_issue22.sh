@@ -50,8 +50,9 @@
 #   tools/gpu_issue22.sh merge    the split attention merged in place (device.fused_attention_merge):
 #                                 its GPU tests, and W4 of every format against the defaults
 #   tools/gpu_issue22.sh switches W4 wint8 and wint4 with PDL off against on (one machine: the
-#                                 two profiles of 12-06 ran on two), and W4 of the 0.6B (bf16,
-#                                 wint4) with the add and norm fused into the products
+#                                 two profiles of 12-06 ran on two), W4 of the 0.6B (bf16,
+#                                 wint4) with the add and norm fused into the products, and the
+#                                 decode attention kernel at 4 warps against 8 (4 spills)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -287,7 +288,10 @@ case "${1:-}" in
   switches)  # PDL's own A/B for the weight-only formats; the norm fusion on the 0.6B, with PDL
     w4 wint8,wint4 "${W4_S:-200}" p --candidate device.pdl=false
     w4 none,wint4 150 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
+    timeout 120 python3 tools/bench_decode_kernel.py --seqs 1 8 64 256 --context 1152 4096 \
+      --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
     for name in p n; do echo "== w4 $name"; tail -9 "$out/w4_$name.log"; done
+    echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
     ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile

@@ -283,6 +283,11 @@ def _merge_splits(
 
 
 TILE_N = 64
+# Warps a decode program runs with. At 4, every variant compiles to 255 registers for sm_90 and
+# spills in its loop over key tiles (46-52 local loads and stores a tile, Triton 3.6); at 8, to
+# 209-225 registers without spills, one program an SM instead of two. Which reads the cache
+# faster is for the GPU to say (tools/bench_decode_kernel.py --warps 4 8).
+DECODE_WARPS = 4
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
 
@@ -307,6 +312,7 @@ def paged_decode(
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
     fold: bool = False,
+    num_warps: int = DECODE_WARPS,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -316,7 +322,8 @@ def paged_decode(
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself. `fold`:
     with several splits, the last of each (sequence, KV head)'s programs merges them, where the
-    second kernel would (up to arrivals.MAX_COUNTS pairs)."""
+    second kernel would (up to arrivals.MAX_COUNTS pairs). `num_warps`: the decode programs'
+    (DECODE_WARPS says why it is a parameter)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -373,6 +380,7 @@ def paged_decode(
         QUERIES_P2=triton.next_power_of_2(max_queries),
         FOLD=fold,
         SPLITS_PAD=splits_pad,
+        num_warps=num_warps,
         **options,
     )  # fmt: skip
     if not direct and not fold:
