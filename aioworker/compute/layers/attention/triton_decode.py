@@ -284,8 +284,8 @@ def _merge_splits(
 
 TILE_N = 64
 # Warps a decode program runs with. At 4, each variant compiled (head groups of 2 and 4, rotary
-# in or not) takes 255 registers for sm_90 and spills in its loop over key tiles (46-52 local
-# loads and stores a tile, Triton 3.6); at 8, 209-225 registers without spills, one program an
+# in or not) takes 255 registers for sm_90 and spills in its loop over key tiles, 40-52 local
+# loads and stores a tile (Triton 3.6); at 8, 209-225 registers without spills, one program an
 # SM instead of two. Which reads the cache faster is for the GPU to say
 # (tools/bench_decode_kernel.py --warps 4 8).
 DECODE_WARPS = 4
