@@ -19,7 +19,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from aioworker.compute.layers import fused  # noqa: E402
-from aioworker.compute.layers.attention import triton_decode  # noqa: E402
+from aioworker.compute.layers.attention import split_merge, triton_decode  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # Pointer and float arguments by name; every other argument is an i32.
@@ -53,7 +53,7 @@ KERNELS = [
             "SPLITS_PAD": 32,
         },
     ),  # fmt: skip
-    (triton_decode._merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
+    (split_merge.merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
 ]
 # The decode kernel again, its splits merged by the last program (device.fused_attention_merge).
 KERNELS.append((KERNELS[4][0], {**KERNELS[4][1], "FOLD": True}))

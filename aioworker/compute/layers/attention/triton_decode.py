@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.arrivals import MAX_COUNTS, arrival_counts
+from aioworker.compute.layers.attention.split_merge import merge_row, merge_splits
 from aioworker.compute.layers.fused import norm_rope_rows
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
@@ -200,12 +201,12 @@ def _decode_partial(
                 if MULTI:  # a verify step: its queries' rows, as many as the sequence has
                     for r in range(QUERIES_P2 * GROUP_P2):
                         if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
-                            _merge_row(out_ptr, lse_ptr, final_ptr, query_start + r // GROUP_P2,
+                            merge_row(out_ptr, lse_ptr, final_ptr, query_start + r // GROUP_P2,
                                        kv_head * GROUP + r % GROUP_P2, *strides, used,
                                        SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
                 else:  # unrolled, without branches: every head's loads issue together
                     for g in tl.static_range(GROUP):
-                        _merge_row(out_ptr, lse_ptr, final_ptr, seq, kv_head * GROUP + g,
+                        merge_row(out_ptr, lse_ptr, final_ptr, seq, kv_head * GROUP + g,
                                    *strides, used, SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
                 tl.atomic_xchg(counter_ptr + slot, 0)
 
@@ -236,50 +237,6 @@ def _write_new_kv(
     at = slot[:, None] + kv_head * stride_k_head + offs_d
     tl.store(k_cache_ptr + at, k.to(k_cache_ptr.dtype.element_ty), mask=mine[:, None])
     tl.store(v_cache_ptr + at, v.to(v_cache_ptr.dtype.element_ty), mask=mine[:, None])
-
-
-@triton.jit
-def _merge_row(partial_ptr, lse_ptr, out_ptr, row, head, stride_p_seq, stride_p_head,
-               stride_p_split, stride_l_seq, stride_l_head, stride_o_seq, stride_o_head,
-               num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-               IN_PLACE: tl.constexpr):  # fmt: skip
-    """Query row `row`'s output for `head`: its splits' partial results [splits, D] weighted by
-    their log-sum-exps (a split that saw no key of the row has -inf, weight 0, and a partial of
-    0/0). IN_PLACE (the splits' last program merging them): the splits given are those that
-    saw keys, so all are loaded at once, past L1 (other programs wrote them); else only those
-    of weight above 0 are, after the log-sum-exps."""
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    in_range = offs_s < num_splits
-    lse_row = lse_ptr + row * stride_l_seq + head * stride_l_head
-    p_ptrs = (partial_ptr + row * stride_p_seq + head * stride_p_head
-              + offs_s[:, None] * stride_p_split + offs_d[None, :])  # fmt: skip
-    if IN_PLACE:
-        lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-        partial = tl.load(p_ptrs, mask=in_range[:, None], other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(lse_row + offs_s, mask=in_range, other=float("-inf"))
-    weights = tl.exp(lse - tl.max(lse, axis=0))
-    weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
-    if IN_PLACE:
-        partial = tl.where((weights > 0)[:, None], partial, 0.0)
-    else:
-        partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
-    out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    out_row = out_ptr + row * stride_o_seq + head * stride_o_head
-    tl.store(out_row + offs_d, out.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _merge_splits(
-    partial_ptr, lse_ptr, out_ptr, stride_p_seq, stride_p_head, stride_p_split, stride_l_seq,
-    stride_l_head, stride_o_seq, stride_o_head, num_splits, SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    wait_for_previous_kernel(PDL)
-    _merge_row(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_p_seq,
-               stride_p_head, stride_p_split, stride_l_seq, stride_l_head, stride_o_seq,
-               stride_o_head, num_splits, SPLITS_PAD, HEAD_DIM, False)  # fmt: skip
 
 
 TILE_N = 64
@@ -385,7 +342,7 @@ def paged_decode(
         **options,
     )  # fmt: skip
     if not direct and not fold:
-        _merge_splits[(num_rows, num_heads)](
+        merge_splits[(num_rows, num_heads)](
             partial, lse, out,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),

@@ -18,8 +18,6 @@ from aioworker.compute.layers.quantized.weight_only import INT4_BLOCK
 
 REDUCE_BLOCK = 256
 LINE_BYTES = 128  # what a prefetch fetches
-# A folding split's programs (Tiles.fold) count their arrivals one count per output tile.
-MAX_FOLD_TILES = MAX_COUNTS
 
 
 def _k_per_split(depth: int, tiles: Tiles) -> tuple[int, int]:
@@ -57,8 +55,8 @@ def small_rows_product(
         width = channels * 2 if gated else channels
         partial = torch.empty(splits, num_rows, width, dtype=torch.float32, device=x.device)
     if fold:
-        if output_tiles > MAX_FOLD_TILES:
-            raise ValueError(f"{output_tiles} output tiles fold split K: at most {MAX_FOLD_TILES}")
+        if output_tiles > MAX_COUNTS:  # a folding split's programs count per output tile
+            raise ValueError(f"{output_tiles} output tiles fold split K: at most {MAX_COUNTS}")
         counts = arrival_counts(x.device)
     group, group_scale, group_offset, per_unit = 0, weight, weight, 1
     if int4_groups is not None:
