@@ -39,6 +39,11 @@ def _toml(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
+# The workers' logs, removed when the test process exits (one file a worker started: a suite
+# run starts hundreds, which would otherwise stay in /tmp).
+_LOGS = tempfile.TemporaryDirectory(prefix="aioworker-test-logs-")
+
+
 def start_worker(rank: int, set_args: list[str], *extra: str) -> subprocess.Popen:
     command = [
         sys.executable,
@@ -51,7 +56,9 @@ def start_worker(rank: int, set_args: list[str], *extra: str) -> subprocess.Pope
         *extra,
     ]
     # The log goes to a file: a pipe nobody reads would fill up and block the worker.
-    log = tempfile.NamedTemporaryFile(prefix=f"aioworker-r{rank}-", suffix=".log", delete=False)  # noqa: SIM115
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, read after the worker ends
+        prefix=f"aioworker-r{rank}-", suffix=".log", dir=_LOGS.name, delete=False
+    )
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
     process.log_path = log.name
     log.close()

@@ -6,7 +6,9 @@ lm-eval `local-completions` loglikelihood path (logprobs with echo). They live i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,13 @@ def tool(name: str) -> str:
 
 
 def run_tool(argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # The tools' scratch (aiperf's mmap folders) removed after them; a short path, as their
+    # sockets' paths must be (a unix socket's is at most 107 bytes)
+    with tempfile.TemporaryDirectory(prefix="tool-") as scratch:
+        env = {**os.environ, "TMPDIR": scratch}
+        done = subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
     assert done.returncode == 0, (
         f"{argv[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
