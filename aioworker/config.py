@@ -124,6 +124,10 @@ class DeviceOptions(_Section):
     # merged by the last of each sequence and KV head's split programs to finish (an atomic
     # count), not by a second kernel: one launch fewer a layer. Off until W4 measures it on a GPU.
     fused_attention_merge: bool = False
+    # CUDA, attention_backend auto or triton: warps a decode attention program runs with. At 4
+    # it spills registers for sm_90 (compiler counts, docs/benchmarks.md), at 8 it does not but
+    # fits one program an SM; 4 until a GPU measures 8 faster.
+    decode_attention_warps: Literal[4, 8] = 4
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -25,6 +25,7 @@ def test_shipped_default_config_loads() -> None:
         ("[cache]\nblock_size = 0\n", "cache.block_size is 0"),
         ("[cache]\ngpu_memory_utilization = 1.5\n", "gpu_memory_utilization is 1.5"),
         ("[model]\ndtype = 'int3'\n", r"\$.model.dtype"),
+        ("[device]\ndecode_attention_warps = 6\n", r"\$.device.decode_attention_warps"),
         ("not toml ===", "not valid TOML"),
         (
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",

@@ -144,24 +144,31 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
     assert outputs[True] == outputs[False]
 
 
-def test_attention_splits_merged_in_place_keep_the_tokens_through_graphs(tmp_path) -> None:
-    """device.fused_attention_merge: the same greedy tokens as the merge kernel, float32, through
+@pytest.mark.parametrize(
+    "variant",
+    [{"device.fused_attention_merge": True}, {"device.decode_attention_warps": 8}],
+    ids=["merged_in_place", "eight_warps"],
+)
+def test_decode_attention_variants_keep_the_tokens_through_graphs(tmp_path, variant) -> None:
+    """device.fused_attention_merge (the splits merged by their last program) and
+    device.decode_attention_warps = 8: the same greedy tokens as the defaults, float32, through
     the graphs (batch 1 splits the context most) and eager steps (12 requests)."""
     build_tiny_model("qwen3", tmp_path)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = {}
-    for merged_in_place in (False, True):
-        settings = {"model.dtype": "float32", "device.fused_attention_merge": merged_in_place}
-        eng = engine(tmp_path, **settings)
+    for name, settings in (("defaults", {}), ("variant", variant)):
+        eng = engine(tmp_path, **{"model.dtype": "float32", **settings})
         try:
-            assert eng.executor.runner.backend.fold_splits == merged_in_place
-            outputs[merged_in_place] = [
+            backend = eng.executor.runner.backend
+            assert backend.fold_splits == settings.get("device.fused_attention_merge", False)
+            assert backend.decode_warps == settings.get("device.decode_attention_warps", 4)
+            outputs[name] = [
                 [c.token_ids for c in eng.generate(batch, params)]
                 for batch in (prompts(384)[:1], prompts(384) * 3)
             ]
         finally:
             eng.close()
-    assert outputs[True] == outputs[False]
+    assert outputs["variant"] == outputs["defaults"]
 
 
 def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> None:

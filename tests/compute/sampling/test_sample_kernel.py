@@ -32,7 +32,7 @@ def test_draws_across_tiles_follow_the_distribution() -> None:
     vocab, chosen, probs = block + 7, [3, 20, block + 6], [0.6, 0.3, 0.1]
     logits = torch.full((1, vocab), float("-inf"))
     logits[0, chosen] = torch.tensor(probs).log()
-    num_rows = 1200
+    num_rows = 600  # 4 sigma still tells 0.6, 0.3 and 0.1 apart (at most +-0.08)
     out = draw_rows(logits.repeat(num_rows, 1).to(DEVICE), keys(num_rows), block).cpu()
     assert set(out.tolist()) <= set(chosen)
     for token, p in zip(chosen, probs, strict=True):

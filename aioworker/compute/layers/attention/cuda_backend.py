@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.layers.attention.triton_decode import RopeIn, paged_decode
+from aioworker.compute.layers.attention.triton_decode import DECODE_WARPS, RopeIn, paged_decode
 from aioworker.compute.layers.fused import qkv_rope_cache_
 
 try:
@@ -62,11 +62,16 @@ class CudaAttentionBackend:
     verifies_paged = True
 
     def __init__(
-        self, block_size: int, rope_in_decode: bool = False, fold_splits: bool = False
+        self,
+        block_size: int,
+        rope_in_decode: bool = False,
+        fold_splits: bool = False,
+        decode_warps: int = DECODE_WARPS,
     ) -> None:
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
         self.fold_splits = fold_splits  # device.fused_attention_merge
+        self.decode_warps = decode_warps  # device.decode_attention_warps
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
@@ -130,6 +135,7 @@ class CudaAttentionBackend:
             queries=part.queries,
             rope_in=rope_in,
             fold=self.fold_splits,
+            num_warps=self.decode_warps,
         )
 
 

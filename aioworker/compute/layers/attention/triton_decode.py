@@ -244,7 +244,7 @@ TILE_N = 64
 # in or not) takes 255 registers for sm_90 and spills in its loop over key tiles, 40-52 local
 # loads and stores a tile (Triton 3.6); at 8, 209-225 registers without spills, one program an
 # SM instead of two. Which reads the cache faster is for the GPU to say
-# (tools/bench_decode_kernel.py --warps 4 8).
+# (tools/bench_decode_kernel.py --warps 4 8; in a step, device.decode_attention_warps).
 DECODE_WARPS = 4
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
