@@ -277,10 +277,11 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
-  merge)  # the split attention merged by its last program, against the merge kernel
+  merge)  # the split attention merged by its last program, against the merge kernel (and the
+          # products' fold, whose counts now share its buffer, in a graph)
     timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/test_triton_decode.py tests/compute/test_gpu.py -k "decode or merged or graphs_equal" \
-      > "$out/gpu_tests.log" 2>&1
+      tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
+      -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
     w4 none,fp8,wint8,wint4 "${W4_S:-330}" m --candidate device.fused_attention_merge=true
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
     echo "== w4 m"; tail -12 "$out/w4_m.log"
