@@ -279,7 +279,7 @@ case "${1:-}" in
     ;;
   merge)  # the split attention merged by its last program, against the merge kernel (and the
           # products' fold, whose counts now share its buffer, in a graph)
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
       -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
     w4 none,fp8,wint8,wint4 "${W4_S:-330}" m --candidate device.fused_attention_merge=true
