@@ -116,6 +116,10 @@ class DeviceOptions(_Section):
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
     # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower.
     pdl: bool = True
+    # With pdl: decode graphs of at most this many sequences launch with it (larger ones as
+    # usual). W4 on the H200 (2026-12-05): with PDL in every graph the 8B's batch-8 step was
+    # 6-7% slower (bf16) and the 0.6B's 1.10x faster.
+    pdl_max_batch: int = 4
     # CUDA, attention_backend auto or triton (other backends ignore it): a decode step's q/k
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
@@ -418,6 +422,11 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 "device.fused_norm_products fuses the norm into the small-batch kernels; set "
                 "device.small_batch_kernels = true, or fused_norm_products = false"
+            )
+        if device.pdl_max_batch < 1:
+            raise ConfigError(
+                f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "
+                "batch to launch with PDL (1 or more; device.pdl = false switches it off)"
             )
 
     def _check_launcher(self) -> None:

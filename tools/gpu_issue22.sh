@@ -51,8 +51,9 @@
 #                                 its GPU tests, and W4 of every format against the defaults
 #   tools/gpu_issue22.sh switches the decode attention kernel at 4 warps against 8 (4 spills), then
 #                                 W4 bf16 and wint4 with device.decode_attention_warps=8; W4
-#                                 of the 0.6B (bf16, wint4) with the add and norm fused into
-#                                 the products; W4 8B wint8 with PDL off against on
+#                                 of the 0.6B (bf16, wint4) with PDL in graphs of up to 8
+#                                 sequences (device.pdl_max_batch=8), then with the add and norm
+#                                 fused into the products; W4 8B wint8 with PDL off against on
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -286,15 +287,16 @@ case "${1:-}" in
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
     echo "== w4 m"; tail -12 "$out/w4_m.log"
     ;;
-  switches)  # decode attention at 8 warps (the kernel, then W4), PDL's own A/B for wint8, the
-             # norm fusion on the 0.6B
-    timeout 90 python3 tools/bench_decode_kernel.py --seqs 1 8 64 256 --context 1152 4096 \
+  switches)  # decode attention at 8 warps (the kernel, then W4); on the 0.6B, PDL in batch-8
+             # graphs and the norm fusion; PDL's own A/B for wint8
+    timeout 80 python3 tools/bench_decode_kernel.py --seqs 1 8 64 256 --context 1152 4096 \
       --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
     w4 none,wint4 "${W4_S:-150}" w --candidate device.decode_attention_warps=8
-    w4 none,wint4 130 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
-    w4 wint8 110 p --w4-models llama-3.1-8b --candidate device.pdl=false
+    w4 none,wint4 100 b --w4-models qwen3-0.6b --candidate device.pdl_max_batch=8
+    w4 none,wint4 100 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
+    w4 wint8 90 p --w4-models llama-3.1-8b --candidate device.pdl=false
     echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
-    for name in w n p; do echo "== w4 $name"; tail -9 "$out/w4_$name.log"; done
+    for name in w b n p; do echo "== w4 $name"; tail -7 "$out/w4_$name.log"; done
     ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile

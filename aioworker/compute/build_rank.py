@@ -198,7 +198,7 @@ def _build_runner(
     pdl_on = config.device.pdl and device.type == "cuda" and _hopper_or_later(device)
     if config.device.pdl and device.type == "cuda" and not pdl_on:
         log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
-    pdl.enable(pdl_on, graphs_only=True)
+    pdl.enable(pdl_on, graphs_only=True, max_graph_batch=config.device.pdl_max_batch)
     methods = linear_methods(build.model_config, config, device)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods

@@ -11,10 +11,12 @@ not launched so (torch's, cuBLAS's) are ordered as usual.
 device.pdl switches it for the rank's process (`enable`, at model load), for decode graphs only
 (`for_graph_batch`): eager steps are bound by the host, where a launch's PDL attribute adds
 cost and nothing overlaps, and W1 (mostly eager prefill and large batches) measured 0.978x with
-PDL on every launch. Decode graphs of more than MAX_GRAPH_BATCH sequences are captured without
-it: W4 on the H200 measured the 8B's batch-8 step 6-7% slower with it, where batch 1 gained
-2-20%; with the limit, batch 8 measured no slower (2026-12-05). Tools and tests may switch it
-on for every launch. Each launch asks `launch_options()`.
+PDL on every launch. Decode graphs of more than `max_graph_batch()` sequences (device.pdl_max_batch,
+MAX_GRAPH_BATCH by default) are captured without it: W4 on the H200 measured the 8B's batch-8
+step 6-7% slower with it, where batch 1 gained 2-20%; with the limit, batch 8 measured no slower
+(2026-12-05). The 0.6B's batch-8 step measured 1.10x faster with it in the same runs, which is
+why the limit is a setting. Tools and tests may switch it on for every launch. Each launch asks
+`launch_options()`.
 """
 
 from __future__ import annotations
@@ -22,24 +24,31 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-MAX_GRAPH_BATCH = 4
+MAX_GRAPH_BATCH = 4  # device.pdl_max_batch's default
 _enabled = False  # launches now use it
-_in_graphs = False  # decode graphs of at most MAX_GRAPH_BATCH sequences use it
+_in_graphs = False  # decode graphs of at most _max_graph_batch sequences use it
+_max_graph_batch = MAX_GRAPH_BATCH
 
 
-def enable(on: bool, graphs_only: bool = False) -> None:
-    """Launches use PDL (`graphs_only`: only inside `for_graph_batch`, as a rank runs)."""
-    global _enabled, _in_graphs
+def enable(on: bool, graphs_only: bool = False, max_graph_batch: int = MAX_GRAPH_BATCH) -> None:
+    """Launches use PDL (`graphs_only`: only inside `for_graph_batch`, as a rank runs, for
+    graphs of at most `max_graph_batch` sequences)."""
+    global _enabled, _in_graphs, _max_graph_batch
     _enabled, _in_graphs = on and not graphs_only, on
+    _max_graph_batch = max_graph_batch
+
+
+def max_graph_batch() -> int:
+    return _max_graph_batch
 
 
 @contextlib.contextmanager
 def for_graph_batch(batch: int) -> Iterator[None]:
     """Within: launches as a decode graph of `batch` sequences captures them (PDL where it is
-    switched on and `batch` <= MAX_GRAPH_BATCH); afterwards as before."""
+    switched on and `batch` <= max_graph_batch()); afterwards as before."""
     global _enabled
     before = _enabled
-    _enabled = _in_graphs and batch <= MAX_GRAPH_BATCH
+    _enabled = _in_graphs and batch <= _max_graph_batch
     try:
         yield
     finally:

@@ -49,6 +49,19 @@ def test_large_decode_graphs_are_captured_without_it() -> None:
         assert pdl.launch_options() == {}  # off stays off
 
 
+def test_the_graph_limit_is_the_ranks_setting() -> None:
+    try:
+        pdl.enable(True, graphs_only=True, max_graph_batch=8)
+        assert pdl.max_graph_batch() == 8
+        with pdl.for_graph_batch(8):
+            assert pdl.launch_options() == {"launch_pdl": True}
+        with pdl.for_graph_batch(9):
+            assert pdl.launch_options() == {}
+    finally:
+        pdl.enable(False)
+    assert pdl.max_graph_batch() == pdl.MAX_GRAPH_BATCH  # enable's default restores it
+
+
 def test_a_rank_launches_with_it_only_inside_small_decode_graphs() -> None:
     """As a rank switches it (device.pdl): eager steps, prefill included, launch as usual."""
     try:
