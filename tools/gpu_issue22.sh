@@ -49,6 +49,9 @@
 #                                 defaults against the three fusions on
 #   tools/gpu_issue22.sh merge    the split attention merged in place (device.fused_attention_merge):
 #                                 its GPU tests, and W4 of every format against the defaults
+#   tools/gpu_issue22.sh one      for little device time: the GPU tests of the changes since the last
+#                                 GPU run, decode attention at 4 warps against 8, W4 bf16 and
+#                                 wint4 with the merge in place, the 0.6B with pdl_max_batch=8
 #   tools/gpu_issue22.sh switches the decode attention kernel at 4 warps against 8 (4 spills), then
 #                                 W4 bf16 and wint4 with device.decode_attention_warps=8; W4
 #                                 of the 0.6B (bf16, wint4) with PDL in graphs of up to 8
@@ -298,6 +301,21 @@ case "${1:-}" in
     echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
     for name in w b n p; do echo "== w4 $name"; tail -7 "$out/w4_$name.log"; done
     ;;
+  one)  # one call for a session with little device time: the GPU tests of what changed since
+        # the last GPU run (merge in place, 8 warps, the products' fold in a graph), the decode
+        # kernel at 4 warps against 8, W4 bf16 and wint4 with the merge in place, the 0.6B's
+        # batch 8 with PDL
+    timeout 170 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
+      -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
+    timeout 60 python3 tools/bench_decode_kernel.py --seqs 1 8 64 --context 1152 4096 \
+      --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
+    w4 none,wint4 150 m --candidate device.fused_attention_merge=true
+    w4 none,wint4 100 b --w4-models qwen3-0.6b --candidate device.pdl_max_batch=8
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
+    echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
+    for name in m b; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
+    ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile
     timeout 200 python3 -m pytest -v -p no:cacheprovider -o addopts="" -m gpu \
@@ -322,6 +340,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge|switches" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge|switches|one" >&2; exit 2 ;;
 esac
 exit 0
