@@ -30,6 +30,21 @@ def test_rows_for_the_formats_asked_with_the_speed_up_and_the_floor(monkeypatch)
         assert cell in rows[0]
     assert "<= 1.6" in rows[0] and "<= 0.9" in rows[1]
     assert "4.00 TB/s" in notes
+    # At the floor: 2 GB of weights, and each sequence's 1,088 tokens of KV cache: 128 KiB a
+    # token on the 8B (32 layers, 8 KV heads of 128), 112 KiB on the 0.6B (28 layers).
+    assert (
+        rows[0].split("|")[-3].strip() == f"{(2e9 + 8 * 1088 * 131072) / (2e9 + 1088 * 131072):.2f}"
+    )
+    assert (
+        rows[1].split("|")[-3].strip() == f"{(2e9 + 8 * 1088 * 114688) / (2e9 + 1088 * 114688):.2f}"
+    )
+
+
+def test_the_cache_bounds_batch_8s_ratio_where_the_weights_are_few() -> None:
+    """A bf16 8B reads 16 GB of weights against 1.1 GB of batch 8's cache; a 0.6B in int4
+    reads 0.3 GB against 1 GB."""
+    assert gpu_decode_floor.floor_ratio(16_000_000_000, 131072) < 1.07
+    assert gpu_decode_floor.floor_ratio(300_000_000, 114688) > 3
 
 
 def test_wint4_is_measured_in_groups_of_128_on_both_sides_unless_a_candidate_says(
