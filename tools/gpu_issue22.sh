@@ -305,12 +305,12 @@ case "${1:-}" in
         # the last GPU run (merge in place, 8 warps, the products' fold in a graph), the decode
         # kernel at 4 warps against 8, W4 bf16 and wint4 with the merge in place, the 0.6B's
         # batch 8 with PDL
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    timeout 130 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
       -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
     timeout 50 python3 tools/bench_decode_kernel.py --seqs 1 8 64 --context 1152 4096 \
       --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
-    w4 none,wint4 150 m --candidate device.fused_attention_merge=true
+    w4 none,wint4 190 m --candidate device.fused_attention_merge=true
     w4 none,wint4 100 b --w4-models qwen3-0.6b --candidate device.pdl_max_batch=8
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
     echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
