@@ -47,16 +47,10 @@
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
 #   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
 #                                 defaults against the three fusions on
-#   tools/gpu_issue22.sh merge    the split attention merged in place (device.fused_attention_merge):
-#                                 its GPU tests, and W4 of every format against the defaults
-#   tools/gpu_issue22.sh one      for little device time: the GPU tests of the changes since the last
-#                                 GPU run, decode attention at 4 warps against 8, W4 bf16 and
-#                                 wint4 with the merge in place, the 0.6B with pdl_max_batch=8
-#   tools/gpu_issue22.sh switches the decode attention kernel at 4 warps against 8 (4 spills), then
-#                                 W4 bf16 and wint4 with device.decode_attention_warps=8; W4
-#                                 of the 0.6B (bf16, wint4) with PDL in graphs of up to 8
-#                                 sequences (device.pdl_max_batch=8), then with the add and norm
-#                                 fused into the products; W4 8B wint8 with PDL off against on
+#   tools/gpu_issue22.sh one      for little device time: the decode and graph GPU tests, then W4 of
+#                                 every format with device.pdl_max_batch=8, three runs a side
+#   tools/gpu_issue22.sh switches W4 of the 0.6B (bf16, wint4) with the add and norm fused into the
+#                                 products; W4 8B wint8 with PDL off against on (three runs a side)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -281,40 +275,20 @@ case "${1:-}" in
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
     ;;
-  merge)  # the split attention merged by its last program, against the merge kernel (and the
-          # products' fold, whose counts now share its buffer, in a graph)
-    timeout 170 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
-    w4 none,fp8,wint8,wint4 "${W4_S:-330}" m --candidate device.fused_attention_merge=true
-    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
-    echo "== w4 m"; tail -12 "$out/w4_m.log"
+  switches)  # on the 0.6B, the norm fusion; PDL's own A/B for wint8 (three runs a side)
+    W4_REPEATS=3 w4 none,wint4 200 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
+    W4_REPEATS=3 w4 wint8 150 p --w4-models llama-3.1-8b --candidate device.pdl=false
+    for name in n p; do echo "== w4 $name"; tail -7 "$out/w4_$name.log"; done
     ;;
-  switches)  # decode attention at 8 warps (the kernel, then W4); on the 0.6B, PDL in batch-8
-             # graphs and the norm fusion; PDL's own A/B for wint8
-    timeout 80 python3 tools/bench_decode_kernel.py --seqs 1 8 64 256 --context 1152 4096 \
-      --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
-    w4 none,wint4 "${W4_S:-150}" w --candidate device.decode_attention_warps=8
-    w4 none,wint4 100 b --w4-models qwen3-0.6b --candidate device.pdl_max_batch=8
-    w4 none,wint4 100 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
-    w4 wint8 90 p --w4-models llama-3.1-8b --candidate device.pdl=false
-    echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
-    for name in w b n p; do echo "== w4 $name"; tail -7 "$out/w4_$name.log"; done
-    ;;
-  one)  # one call for a session with little device time: the GPU tests of what changed since
-        # the last GPU run (merge in place, 8 warps, the products' fold in a graph), the decode
-        # kernel at 4 warps against 8, W4 bf16 and wint4 with the merge in place, the 0.6B's
-        # batch 8 with PDL
+  one)  # one call for a session with little device time: the GPU tests of the decode kernel, 8
+        # warps, the products in a graph, and graphs equal eager; W4 of every format on the 8B
+        # and the 0.6B with PDL in graphs of up to 8 sequences (three runs a side)
     timeout 130 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py tests/compute/test_gpu.py tests/compute/layers/gemv/test_gpu_gemv.py \
-      -k "decode or merged or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
-    timeout 50 python3 tools/bench_decode_kernel.py --seqs 1 8 64 --context 1152 4096 \
-      --heads 32 16 --warps 4 8 > "$out/decode_warps.log" 2>&1
-    w4 none,wint4 190 m --candidate device.fused_attention_merge=true
-    w4 none,wint4 100 b --w4-models qwen3-0.6b --candidate device.pdl_max_batch=8
+      -k "decode or graphs_equal or graph_of_the_products" > "$out/gpu_tests.log" 2>&1
+    W4_REPEATS=3 w4 none,fp8,wint8,wint4 300 b --candidate device.pdl_max_batch=8
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
-    echo "== decode attention, warps"; grep -E "ours|copy" "$out/decode_warps.log"
-    for name in m b; do echo "== w4 $name"; tail -8 "$out/w4_$name.log"; done
+    echo "== w4 b"; tail -12 "$out/w4_b.log"
     ;;
   head)  # the LM head through the format (a quantized copy), as gpt-fast's quantized modes do;
          # the few-rows argmax on the GPU and in an 8B step's profile
@@ -340,6 +314,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|merge|switches|one" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|switches|one" >&2; exit 2 ;;
 esac
 exit 0

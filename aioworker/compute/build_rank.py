@@ -286,7 +286,6 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
                 config.device.attention_backend,
                 config.cache.block_size,
                 config.device.fused_rope_attention,
-                config.device.fused_attention_merge,
                 config.device.decode_attention_warps,
             ),
             Sampler(config.model.seed, device),

@@ -144,31 +144,23 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
     assert outputs[True] == outputs[False]
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [{"device.fused_attention_merge": True}, {"device.decode_attention_warps": 8}],
-    ids=["merged_in_place", "eight_warps"],
-)
-def test_decode_attention_variants_keep_the_tokens_through_graphs(tmp_path, variant) -> None:
-    """device.fused_attention_merge (the splits merged by their last program) and
-    device.decode_attention_warps = 8: the same greedy tokens as the defaults, float32, through
-    the graphs (batch 1 splits the context most) and eager steps (12 requests)."""
+def test_decode_attention_at_eight_warps_keeps_the_tokens_through_graphs(tmp_path) -> None:
+    """device.decode_attention_warps = 8: the same greedy tokens as the defaults (4), float32,
+    through the graphs (batch 1 splits the context most) and eager steps (12 requests)."""
     build_tiny_model("qwen3", tmp_path)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = {}
-    for name, settings in (("defaults", {}), ("variant", variant)):
-        eng = engine(tmp_path, **{"model.dtype": "float32", **settings})
+    for warps in (4, 8):
+        eng = engine(tmp_path, **{"model.dtype": "float32", "device.decode_attention_warps": warps})
         try:
-            backend = eng.executor.runner.backend
-            assert backend.fold_splits == settings.get("device.fused_attention_merge", False)
-            assert backend.decode_warps == settings.get("device.decode_attention_warps", 4)
-            outputs[name] = [
+            assert eng.executor.runner.backend.decode_warps == warps
+            outputs[warps] = [
                 [c.token_ids for c in eng.generate(batch, params)]
                 for batch in (prompts(384)[:1], prompts(384) * 3)
             ]
         finally:
             eng.close()
-    assert outputs["variant"] == outputs["defaults"]
+    assert outputs[8] == outputs[4]
 
 
 def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> None:

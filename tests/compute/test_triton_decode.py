@@ -181,31 +181,3 @@ def test_rope_in_equals_the_rope_and_cache_kernel_then_decode(num_splits, multi,
     tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-6, "atol": 1e-6}
     for got, want in zip(caches[1], caches[0], strict=True):
         torch.testing.assert_close(got, want, **tolerance)
-
-
-@pytest.mark.parametrize(("num_splits", "multi"), [(3, False), (4, True), (16, False)])
-def test_folded_splits_equal_the_merge_kernel_and_set_their_counts_back(num_splits, multi) -> None:
-    """fold: the last of a (sequence, KV head)'s split programs merges the splits, where the
-    second kernel would. The same values, twice in a row (so every count went back to zero),
-    with verify steps' several queries, and with more splits than saw keys (16: most empty)."""
-    from aioworker.compute.layers.arrivals import arrival_counts
-
-    g = torch.Generator().manual_seed(31 + num_splits)
-    num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
-    # Sequence 1's first three queries see no key of its second tile: a split of 0/0 to drop.
-    context_lens, query_lens, block_tables = sequences(g, [1, 8, 3, 8] if multi else None)
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
-    q = torch.randn(int(query_lens.sum()), num_heads, head_dim, generator=g)
-    starts = torch.cumsum(query_lens, 0) - query_lens
-    to = lambda t: t.to(DEVICE)  # noqa: E731
-    queries = (to(starts.int()), to(query_lens), int(query_lens.max())) if multi else None
-    arguments = (to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens),
-                 head_dim**-0.5, num_splits)  # fmt: skip
-    merged = paged_decode(*arguments, queries=queries).cpu()
-    for _ in range(2):
-        unwritten = torch.full_like(arguments[0], float("nan"))
-        folded = paged_decode(*arguments, queries=queries, out=unwritten, fold=True).cpu()
-        tolerance = {"rtol": 0, "atol": 0} if DEVICE == "cpu" else {}
-        torch.testing.assert_close(folded, merged, **tolerance)
-    assert int(arrival_counts(arguments[0].device).count_nonzero()) == 0

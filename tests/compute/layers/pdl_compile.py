@@ -49,14 +49,10 @@ KERNELS = [
             "ROPE_IN": True,
             "HAS_NORM": True,
             "QUERIES_P2": 1,
-            "FOLD": False,
-            "SPLITS_PAD": 32,
         },
     ),  # fmt: skip
     (split_merge.merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
 ]
-# The decode kernel again, its splits merged by the last program (device.fused_attention_merge).
-KERNELS.append((KERNELS[4][0], {**KERNELS[4][1], "FOLD": True}))
 
 
 def signature_of(kernel, constants: dict) -> dict[str, str]:

@@ -14,17 +14,15 @@ def select_cuda_backend(
     name: str,
     block_size: int,
     rope_in_decode: bool = False,
-    fold_splits: bool = False,
     decode_warps: int = 4,
 ) -> AttentionBackend:
     """`auto` and `triton`: our Triton paged decode (`rope_in_decode`: a decode step's norms,
-    rotary and cache write inside it; `fold_splits`: its splits merged inside it too;
-    `decode_warps`: its programs' warps); `xformers`: xformers' paged decode kernel. Both
+    rotary and cache write inside it; `decode_warps`: its programs' warps); `xformers`: xformers' paged decode kernel. Both
     prefill through FlashAttention-2's varlen kernel."""
     if name in ("auto", "triton"):
         from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
 
-        return CudaAttentionBackend(block_size, rope_in_decode, fold_splits, decode_warps)
+        return CudaAttentionBackend(block_size, rope_in_decode, decode_warps)
     if name == "xformers":
         from aioworker.compute.layers.attention.xformers_backend import XformersAttentionBackend
 

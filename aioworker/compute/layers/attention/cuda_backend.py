@@ -65,12 +65,10 @@ class CudaAttentionBackend:
         self,
         block_size: int,
         rope_in_decode: bool = False,
-        fold_splits: bool = False,
         decode_warps: int = DECODE_WARPS,
     ) -> None:
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
-        self.fold_splits = fold_splits  # device.fused_attention_merge
         self.decode_warps = decode_warps  # device.decode_attention_warps
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
@@ -134,7 +132,6 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
-            fold=self.fold_splits,
             num_warps=self.decode_warps,
         )
 

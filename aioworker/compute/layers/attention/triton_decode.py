@@ -7,9 +7,7 @@ group (GQA) and once for all of a verify step's queries: its rows are (query j, 
 seeing the context up to its own position (the sequence's last q positions are its queries,
 their K/V already written). Keys are visited in tiles of TILE_N tokens gathered from the block
 table; an online softmax keeps the running max and sum. With several splits, a second small
-kernel merges each query row's partial results by their log-sum-exp; or, with `fold`, the last
-of a (sequence, KV head)'s split programs to finish merges them (counted by an atomic), one
-launch fewer a layer.
+kernel merges each query row's partial results by their log-sum-exp (split_merge.py).
 
 With `rope_in` (a decode step's attention given its raw q, k and v), the kernel also does what
 fused.qkv_rope_cache_ does before it, so that it needs no launch of its own: each program
@@ -29,8 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aioworker.compute.layers.arrivals import MAX_COUNTS, arrival_counts
-from aioworker.compute.layers.attention.split_merge import merge_row, merge_splits
+from aioworker.compute.layers.attention.split_merge import merge_splits
 from aioworker.compute.layers.fused import norm_rope_rows
 from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
@@ -85,10 +82,6 @@ def _decode_partial(
     stride_new_seq,
     stride_cos,
     eps,
-    final_ptr,
-    counter_ptr,
-    stride_f_seq,
-    stride_f_head,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     ROWS_PAD: tl.constexpr,
@@ -102,8 +95,6 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
-    FOLD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
@@ -189,26 +180,6 @@ def _decode_partial(
         tl.store(o_ptrs, out, mask=row_ok[:, None])
         lse = tl.where(total > 0, m + tl.log(total), float("-inf"))
         tl.store(lse_ptr + token * stride_l_seq + heads * stride_l_head + split, lse, mask=row_ok)
-        if FOLD:
-            # Every thread's partials are written before the count says so (release); the
-            # last to arrive sees every split's (acquire), read past L1.
-            tl.debug_barrier()
-            slot = seq * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == num_splits - 1:
-                used = tl.cdiv(num_tiles, tiles_per_split)  # the splits that saw keys
-                strides = (stride_o_seq, stride_o_head, stride_o_split, stride_l_seq,
-                           stride_l_head, stride_f_seq, stride_f_head)  # fmt: skip
-                if MULTI:  # a verify step: its queries' rows, as many as the sequence has
-                    for r in range(QUERIES_P2 * GROUP_P2):
-                        if (r % GROUP_P2 < GROUP) & (r // GROUP_P2 < num_queries):
-                            merge_row(out_ptr, lse_ptr, final_ptr, query_start + r // GROUP_P2,
-                                       kv_head * GROUP + r % GROUP_P2, *strides, used,
-                                       SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
-                else:  # unrolled, without branches: every head's loads issue together
-                    for g in tl.static_range(GROUP):
-                        merge_row(out_ptr, lse_ptr, final_ptr, seq, kv_head * GROUP + g,
-                                   *strides, used, SPLITS_PAD, HEAD_DIM, True)  # fmt: skip
-                tl.atomic_xchg(counter_ptr + slot, 0)
 
 
 @triton.jit
@@ -269,7 +240,6 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
-    fold: bool = False,
     num_warps: int = DECODE_WARPS,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
@@ -278,10 +248,8 @@ def paged_decode(
     query count of each [B] int32, the largest count): a sequence's queries are its last
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
-    the kernel norms and rotates them and writes the new k and v to the cache itself. `fold`:
-    with several splits, the last of each (sequence, KV head)'s programs merges them, where the
-    second kernel would (up to arrivals.MAX_COUNTS pairs). `num_warps`: the decode programs'
-    (DECODE_WARPS says why it is a parameter)."""
+    the kernel norms and rotates them and writes the new k and v to the cache itself.
+    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -309,9 +277,6 @@ def paged_decode(
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
-    fold = fold and not direct and batch * num_kv_heads <= MAX_COUNTS  # a count a (seq, head)
-    counts = arrival_counts(q.device) if fold else context_lens
-    splits_pad = max(2, triton.next_power_of_2(num_splits))
     _decode_partial[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
@@ -321,7 +286,6 @@ def paged_decode(
         *p_strides, *l_strides,
         num_splits,
         *new,
-        out, counts, out.stride(0), out.stride(1),
         GROUP=group,
         GROUP_P2=triton.next_power_of_2(group),
         ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
@@ -336,19 +300,17 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        FOLD=fold,
-        SPLITS_PAD=splits_pad,
         num_warps=num_warps,
         **options,
     )  # fmt: skip
-    if not direct and not fold:
+    if not direct:
         merge_splits[(num_rows, num_heads)](
             partial, lse, out,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),
             out.stride(0), out.stride(1),
             num_splits,
-            SPLITS_PAD=splits_pad,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=head_dim,
             PDL=bool(options), **options,
         )  # fmt: skip
