@@ -17,8 +17,8 @@ def select_cuda_backend(
     decode_warps: int = 4,
 ) -> AttentionBackend:
     """`auto` and `triton`: our Triton paged decode (`rope_in_decode`: a decode step's norms,
-    rotary and cache write inside it; `decode_warps`: its programs' warps); `xformers`: xformers' paged decode kernel. Both
-    prefill through FlashAttention-2's varlen kernel."""
+    rotary and cache write inside it; `decode_warps`: its programs' warps); `xformers`:
+    xformers' paged decode kernel. Both prefill through FlashAttention-2's varlen kernel."""
     if name in ("auto", "triton"):
         from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
 
