@@ -117,8 +117,9 @@ class DeviceOptions(_Section):
     # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower.
     pdl: bool = True
     # With pdl: decode graphs of at most this many sequences launch with it (larger ones as
-    # usual). W4 on the H200 (2026-12-05): with PDL in every graph the 8B's batch-8 step was
-    # 6-7% slower (bf16) and the 0.6B's 1.10x faster.
+    # usual). With 8, the batch-8 step measured: H200 (2026-12-05) 8B bf16 6-7% slower, 0.6B
+    # 1.10x faster; H100 (2026-12-06) 1.02-1.11x faster, but wint8 0.94x. 4 until an H200
+    # measures 8 on this code.
     pdl_max_batch: int = 4
     # CUDA, attention_backend auto or triton (other backends ignore it): a decode step's q/k
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a

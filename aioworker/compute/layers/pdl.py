@@ -11,12 +11,12 @@ not launched so (torch's, cuBLAS's) are ordered as usual.
 device.pdl switches it for the rank's process (`enable`, at model load), for decode graphs only
 (`for_graph_batch`): eager steps are bound by the host, where a launch's PDL attribute adds
 cost and nothing overlaps, and W1 (mostly eager prefill and large batches) measured 0.978x with
-PDL on every launch. Decode graphs of more than `max_graph_batch()` sequences (device.pdl_max_batch,
-MAX_GRAPH_BATCH by default) are captured without it: W4 on the H200 measured the 8B's batch-8
-step 6-7% slower with it, where batch 1 gained 2-20%; with the limit, batch 8 measured no slower
-(2026-12-05). The 0.6B's batch-8 step measured 1.10x faster with it in the same runs, which is
-why the limit is a setting. Tools and tests may switch it on for every launch. Each launch asks
-`launch_options()`.
+PDL on every launch. Decode graphs of more than device.pdl_max_batch sequences (MAX_GRAPH_BATCH
+by default) are captured without it: W4 on the H200 measured the 8B's batch-8 step 6-7% slower
+with it, where batch 1 gained 2-20%; with the limit, batch 8 measured no slower (2026-12-05).
+The 0.6B's batch-8 step measured 1.10x faster with it in the same runs, and on an H100
+(2026-12-06) every 8B format but wint8 gained too, which is why the limit is a setting. Tools
+and tests may switch it on for every launch. Each launch asks `launch_options()`.
 """
 
 from __future__ import annotations
