@@ -223,6 +223,15 @@ def _build_runner(
     return runner, weights, num_blocks, summary, host_tier
 
 
+def _l2_ahead_bytes(config: WorkerConfig, device: torch.device) -> int:
+    """device.l2_ahead_mb in bytes where the GPU has the bulk prefetch (sm_90), else 0."""
+    wanted = config.device.l2_ahead_mb << 20
+    if wanted and not _hopper_or_later(device):
+        log.info("device.l2_ahead_mb needs a GPU of compute capability 9.0 or later; not fetching")
+        return 0
+    return wanted
+
+
 def _hopper_or_later(device: torch.device) -> bool:
     """Programmatic dependent launch (layers/pdl.py) needs compute capability 9.0."""
     return torch.cuda.get_device_capability(device) >= (9, 0)
@@ -300,6 +309,7 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
             if config.speculative.method
             else 0,
             draft=draft,
+            l2_ahead_bytes=_l2_ahead_bytes(config, device),
         )
 
     num_blocks = config.cache.num_blocks
