@@ -114,7 +114,8 @@ class DeviceOptions(_Section):
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
-    # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower.
+    # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower. Not for wint8,
+    # whose batch 1 an H100 measured 0.92x with it (compute/build_rank.py, PDL_SLOWER_FORMATS).
     pdl: bool = True
     # With pdl: decode graphs of at most this many sequences launch with it (larger ones as
     # usual). With 8, the batch-8 step measured: H200 (2026-12-05) 8B bf16 6-7% slower, 0.6B
@@ -129,11 +130,6 @@ class DeviceOptions(_Section):
     # it spills registers for sm_90 (compiler counts), at 8 it does not but fits one program an
     # SM; the H100 measured 8 no faster (docs/benchmarks.md, 2026-12-06).
     decode_attention_warps: Literal[4, 8] = 4
-    # CUDA, Hopper, attention_backend auto or triton, with cuda_graphs: at decode batches of up
-    # to 8, each layer's attention kernel fetches into L2 up to this many MiB of the weights the
-    # products after it read (o, gate/up, down, the next qkv; compute/layers/weights_ahead.py),
-    # while DRAM would idle. 0: off. An H100's or H200's L2 holds 50 MB.
-    l2_ahead_mb: int = 0
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -424,11 +420,6 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 "device.fused_norm_products fuses the norm into the small-batch kernels; set "
                 "device.small_batch_kernels = true, or fused_norm_products = false"
-            )
-        if not 0 <= device.l2_ahead_mb <= 1024:
-            raise ConfigError(
-                f"device.l2_ahead_mb is {device.l2_ahead_mb}; give the MiB of weights to fetch "
-                "into L2 ahead of the products, 0 (off) to 1024 (an H100's L2 holds 50 MB)"
             )
         if device.pdl_max_batch < 1:
             raise ConfigError(

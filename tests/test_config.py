@@ -27,7 +27,6 @@ def test_shipped_default_config_loads() -> None:
         ("[model]\ndtype = 'int3'\n", r"\$.model.dtype"),
         ("[device]\ndecode_attention_warps = 6\n", r"\$.device.decode_attention_warps"),
         ("[device]\npdl_max_batch = 0\n", "device.pdl_max_batch is 0"),
-        ("[device]\nl2_ahead_mb = -1\n", "device.l2_ahead_mb is -1"),
         ("not toml ===", "not valid TOML"),
         (
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",

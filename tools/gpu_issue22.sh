@@ -51,9 +51,6 @@
 #                                 every format with device.pdl_max_batch=8, three runs a side
 #   tools/gpu_issue22.sh switches W4 of the 0.6B (bf16, wint4) with the add and norm fused into the
 #                                 products; W4 8B wint8 with PDL off against on (three runs a side)
-#   tools/gpu_issue22.sh ahead    weights fetched into L2 during decode attention: its GPU test
-#                                 and the decode tests, then W4 bf16, fp8 and wint4 with
-#                                 device.l2_ahead_mb=AHEAD_MB (default 32), three runs a side
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -277,14 +274,6 @@ case "${1:-}" in
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
     echo "== sweep"; grep -cE "WRONG" "$out/gemv_tune.log"; grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4"; tail -6 "$out/w4_g.log"
-    ;;
-  ahead)  # weights into L2 during decode attention (device.l2_ahead_mb) against the defaults
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-      tests/compute/test_gpu.py tests/compute/test_triton_decode.py -k "fetched_ahead or decode" \
-      > "$out/gpu_tests.log" 2>&1
-    W4_REPEATS=3 w4 none,fp8,wint4 330 a --candidate "device.l2_ahead_mb=${AHEAD_MB:-32}"
-    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
-    echo "== w4 a"; tail -10 "$out/w4_a.log"
     ;;
   switches)  # on the 0.6B, the norm fusion; PDL's own A/B for wint8 (three runs a side)
     W4_REPEATS=3 w4 none,wint4 200 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true

@@ -195,11 +195,9 @@ def _build_runner(
     Returns the runner, its weights, the number of KV cache blocks, what the weights amount
     to, and the host KV tier's size."""
     config, device = build.config, build.device
-    pdl_on = config.device.pdl and device.type == "cuda" and _hopper_or_later(device)
-    if config.device.pdl and device.type == "cuda" and not pdl_on:
-        log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
-    pdl.enable(pdl_on, graphs_only=True, max_graph_batch=config.device.pdl_max_batch)
     methods = linear_methods(build.model_config, config, device)
+    pdl_on = _pdl_pays(config, device, methods.projections.name)
+    pdl.enable(pdl_on, graphs_only=True, max_graph_batch=config.device.pdl_max_batch)
     model = build_model(
         build.model_config, build.max_model_len, build.tp, device, build.dtype, methods
     )
@@ -223,13 +221,23 @@ def _build_runner(
     return runner, weights, num_blocks, summary, host_tier
 
 
-def _l2_ahead_bytes(config: WorkerConfig, device: torch.device) -> int:
-    """device.l2_ahead_mb in bytes where the GPU has the bulk prefetch (sm_90), else 0."""
-    wanted = config.device.l2_ahead_mb << 20
-    if wanted and not _hopper_or_later(device):
-        log.info("device.l2_ahead_mb needs a GPU of compute capability 9.0 or later; not fetching")
-        return 0
-    return wanted
+# Formats whose decode measured slower with PDL: wint8's batch-1 step, 0.92x on an H100 (W4,
+# three runs a side, 2026-12-06 15:29), where every other format gained 1.03-1.11x on the same
+# machine. The H200 has not measured wint8 without it.
+PDL_SLOWER_FORMATS = ("wint8",)
+
+
+def _pdl_pays(config: WorkerConfig, device: torch.device, format_name: str) -> bool:
+    """device.pdl where the GPU has it and the projections' format measured faster with it."""
+    if not config.device.pdl or device.type != "cuda":
+        return False
+    if not _hopper_or_later(device):
+        log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
+        return False
+    if format_name in PDL_SLOWER_FORMATS:
+        log.info("device.pdl: off for %s, whose decode measured slower with it", format_name)
+        return False
+    return True
 
 
 def _hopper_or_later(device: torch.device) -> bool:
@@ -309,7 +317,6 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
             if config.speculative.method
             else 0,
             draft=draft,
-            l2_ahead_bytes=_l2_ahead_bytes(config, device),
         )
 
     num_blocks = config.cache.num_blocks

@@ -44,11 +44,10 @@ def test_the_torch_backend_is_an_attention_backend_and_is_never_captured() -> No
 
 
 def test_attend_where_a_backend_has_it_takes_both_steps_arguments() -> None:
-    """`attend` (optional) is prepare_qkv and forward in one call: their arguments, then scale and
-    ahead."""
+    """`attend` (optional) is prepare_qkv and forward in one call: their arguments, and scale."""
     having = [b for b in backends() if hasattr(b, "attend")]
     if _has("triton"):
         assert having, "the Triton backend does a decode step's attention in one go"
-    wanted = [*inspect.signature(AttentionBackend.prepare_qkv).parameters, "scale", "ahead"]
+    wanted = [*inspect.signature(AttentionBackend.prepare_qkv).parameters, "scale"]
     for backend in having:
         assert list(inspect.signature(backend.attend).parameters) == wanted, backend.__name__

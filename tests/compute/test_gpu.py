@@ -5,7 +5,6 @@ ZeroMQ process path with 256 concurrent requests."""
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import msgspec
 import numpy as np
@@ -162,42 +161,6 @@ def test_decode_attention_at_eight_warps_keeps_the_tokens_through_graphs(tmp_pat
         finally:
             eng.close()
     assert outputs[8] == outputs[4]
-
-
-def test_weights_fetched_ahead_keep_the_tokens_and_follow_release_and_resume(tmp_path) -> None:
-    """device.l2_ahead_mb: the same greedy tokens as without, float32, through the graphs and
-    eager steps; every layer gets a table of live addresses, dropped on release and taken
-    again from the weights' new places on resume."""
-    build_tiny_model("qwen3", tmp_path)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-    def tokens(eng) -> list:
-        batches = (prompts(384)[:1], prompts(384) * 3)
-        return [[c.token_ids for c in eng.generate(batch, params)] for batch in batches]
-
-    outputs = {}
-    for megabytes in (0, 8):
-        eng = engine(tmp_path, **{"model.dtype": "float32", "device.l2_ahead_mb": megabytes})
-        try:
-            outputs[megabytes] = tokens(eng)
-            layers = eng.executor.runner.model.attention_layers()
-            if not megabytes:
-                assert all(layer.l2_ahead is None for layer in layers)
-                continue
-            assert all(layer.l2_ahead is not None for layer in layers)
-            first = layers[0].o_proj.weight.data_ptr() // 16 * 16
-            assert layers[0].l2_ahead[0, 0].item() == first
-            memory = eng.executor.weights.memory
-            eng.executor.call(functools.partial(memory.release, True, True)).result()
-            assert all(layer.l2_ahead is None for layer in layers)
-            eng.executor.call(memory.resume).result()
-            eng.core.reset_prefix_cache()
-            moved = layers[0].o_proj.weight.data_ptr() // 16 * 16
-            assert layers[0].l2_ahead[0, 0].item() == moved
-            assert tokens(eng) == outputs[megabytes]
-        finally:
-            eng.close()
-    assert outputs[8] == outputs[0]
 
 
 def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> None:

@@ -25,16 +25,3 @@ def prefetch_to_l2(pointers):
         "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [pointers], dtype=tl.int32,
         is_pure=False, pack=1,
     )  # fmt: skip
-
-
-@triton.jit
-def prefetch_span_to_l2(address, size):
-    """Ask the bulk copy engine to fetch `size` bytes at `address` (an int64; both multiples of
-    16) into L2, from the program's first thread only, without waiting (sm_90 and later; CUDA
-    only, as above)."""
-    tl.inline_asm_elementwise(
-        "{\n\t.reg .pred first;\n\t.reg .b32 t;\n\tmov.u32 t, %tid.x;\n\t"
-        "setp.eq.u32 first, t, 0;\n\t@first cp.async.bulk.prefetch.L2.global [$1], $2;\n\t"
-        "mov.u32 $0, 0;\n\t}",
-        "=r,l,r", [address, size], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip

@@ -46,8 +46,6 @@ class LlamaAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = self.v_cache = torch.empty(0)
-        # Weights to fetch into L2 while attending (weights_ahead.py): bound with the graphs.
-        self.l2_ahead: torch.Tensor | None = None
 
     def forward(
         self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
@@ -65,14 +63,13 @@ class LlamaAttention(nn.Module):
         out = None
         if attend is not None:
             out = attend(
-                q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata, self.scale,
-                self.l2_ahead,
-            )  # fmt: skip
+                q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata, self.scale
+            )
         if out is None:
             q, k = attn.backend.prepare_qkv(
                 q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
             )
-            out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale, self.l2_ahead)
+            out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aioworker.compute.layers import pdl, weights_ahead
+from aioworker.compute.layers import pdl
 from aioworker.compute.layers.attention import AttentionContext
 from aioworker.compute.layers.attention.cuda_backend import (
     CudaAttentionMetadata,
@@ -66,12 +66,10 @@ class CudaModelRunner(ModelRunner):
         max_capture_batch_size: int,
         max_verify_queries: int = 0,
         draft=None,
-        l2_ahead_bytes: int = 0,
     ) -> None:
         """`max_verify_queries`: speculative decoding's drafts + 1 per sequence (0: none), the
         query slots of the verify graphs. `draft`: the draft model, whose decode steps get
-        graphs of their own. `l2_ahead_bytes`: device.l2_ahead_mb in bytes, where the backend's
-        decode kernel fetches weights ahead (weights_ahead.py); bound with the graphs."""
+        graphs of their own."""
         super().__init__(model, backend, sampler, device, tp, draft)
         self.scratch_block = num_blocks
         self.block_size = block_size
@@ -94,13 +92,10 @@ class CudaModelRunner(ModelRunner):
         self.draft_graphs: DecodeGraphs | None = None
         self.capture_batch_size = max_capture_batch_size if backend.supports_graphs else 0
         self.max_verify_queries = max_verify_queries if backend.verifies_paged else 0
-        fetches = getattr(backend, "fetches_weights_ahead", False)
-        self.l2_ahead_bytes = l2_ahead_bytes if fetches else 0
         self._make_graphs()
 
     def drop_graphs(self) -> None:
         self.graphs = self.verify_graphs = self.draft_graphs = None
-        weights_ahead.unbind(self.model)  # the weights may move before the next capture
 
     def recapture_graphs(self) -> None:
         if self.capture_batch_size > 0 and self.graphs is None:
@@ -111,8 +106,6 @@ class CudaModelRunner(ModelRunner):
         with self.masks_lock:  # no mask is unpacked on this stream while a graph is captured
             if self.graphs is None:
                 self._make_graphs()
-            if self.graphs is not None:  # the tables live as long as the graphs (weights_ahead)
-                weights_ahead.bind(self.model, self.l2_ahead_bytes)
             for graphs in (self.graphs, self.verify_graphs, self.draft_graphs):
                 if graphs is not None:
                     graphs.capture()

@@ -26,7 +26,7 @@ HOPPER = GPUTarget("cuda", 90, 32)
 POINTERS = {
     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "block_tables_ptr": "*i32",
     "context_lens_ptr": "*i32", "query_starts_ptr": "*i32", "query_lens_ptr": "*i32",
-    "lse_ptr": "*fp32", "partial_ptr": "*fp32", "counter_ptr": "*i32", "ahead_ptr": "*i64",
+    "lse_ptr": "*fp32", "partial_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 FLOATS = {"eps", "scale"}
 KERNELS = [
@@ -49,7 +49,6 @@ KERNELS = [
             "ROPE_IN": True,
             "HAS_NORM": True,
             "QUERIES_P2": 1,
-            "AHEAD": False,
         },
     ),  # fmt: skip
     (split_merge.merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
@@ -74,20 +73,6 @@ def main() -> None:
         compiled = triton.compile(source, HOPPER, {"num_warps": 4})
         waits = "griddepcontrol.wait" in compiled.asm["ptx"]
         print(f"compiled {kernel.fn.__name__} {'waits' if waits else 'DOES NOT WAIT'}")
-    print(f"ahead: {fetch_order()}")
-
-
-def fetch_order() -> str:
-    """Where the decode kernel with weights ahead (device.l2_ahead_mb) fetches them."""
-    kernel, constants = next(k for k in KERNELS if k[0] is triton_decode._decode_partial)
-    constants = {**constants, "PDL": True, "AHEAD": True}
-    ptx = triton.compile(
-        ASTSource(kernel, signature_of(kernel, constants), constants), HOPPER, {"num_warps": 4}
-    ).asm["ptx"]
-    fetch = ptx.find("cp.async.bulk.prefetch.L2.global")
-    if fetch < 0:
-        return "DOES NOT FETCH"
-    return "fetches after the wait" if ptx.find("griddepcontrol.wait") < fetch else "fetches first"
 
 
 if __name__ == "__main__":

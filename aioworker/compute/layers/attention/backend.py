@@ -41,9 +41,6 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: Any,
         scale: float,
-        ahead: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention output [T, Hq, D] for the step's token rows. `ahead`: the layer's table of
-        weights to fetch into L2 meanwhile (weights_ahead.py), given only to a backend whose
-        `fetches_weights_ahead` is true; others take None."""
+        """Attention output [T, Hq, D] for the step's token rows."""
         ...

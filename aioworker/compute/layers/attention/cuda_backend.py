@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.layers import weights_ahead
 from aioworker.compute.layers.attention.triton_decode import DECODE_WARPS, RopeIn, paged_decode
 from aioworker.compute.layers.fused import qkv_rope_cache_
 
@@ -61,8 +60,6 @@ class CudaAttentionBackend:
     supports_graphs = True
     # Its decode kernel takes several query tokens per sequence: verify steps read paged KV.
     verifies_paged = True
-    # Its decode kernel fetches the next products' weights into L2 (device.l2_ahead_mb).
-    fetches_weights_ahead = True
 
     def __init__(
         self,
@@ -74,11 +71,11 @@ class CudaAttentionBackend:
         self.rope_in_decode = rope_in_decode
         self.decode_warps = decode_warps  # device.decode_attention_warps
 
-    def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale, ahead=None):
+    def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
         inside the decode kernel (device.fused_rope_attention): one launch fewer a layer. None
         where it does not apply (switched off, or the step prefills): the caller prepares q
-        and k first, then calls forward. `ahead`: the layer's weights_ahead table."""
+        and k first, then calls forward."""
         if not self.rope_in_decode or meta.prefill is not None:
             return None
         cos, sin = rope
@@ -86,7 +83,7 @@ class CudaAttentionBackend:
         k_weight = None if k_norm is None else k_norm.weight
         eps = q_norm.eps if q_norm is not None else 0.0
         rope_in = RopeIn(k, v, cos, sin, q_weight, k_weight, eps)
-        return self.decode(q, k_cache, v_cache, meta.decode, scale, rope_in, ahead)
+        return self.decode(q, k_cache, v_cache, meta.decode, scale, rope_in)
 
     def prepare_qkv(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta):
         """Norm, rotary and the cache write in one kernel launch; returns q, k (rotated in place)."""
@@ -108,12 +105,11 @@ class CudaAttentionBackend:
         v_cache: torch.Tensor,
         meta: CudaAttentionMetadata,
         scale: float,
-        ahead: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]
         decode, prefill = meta.decode, meta.prefill
         if prefill is None:
-            return self.decode(q, k_cache, v_cache, decode, scale, ahead=ahead)
+            return self.decode(q, k_cache, v_cache, decode, scale)
         if decode is None and prefill.rows is None:
             return _prefill(q, k, v, k_cache, v_cache, prefill, scale)
         out = torch.empty_like(q)
@@ -124,18 +120,8 @@ class CudaAttentionBackend:
         return out
 
     def decode(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        part: DecodePart,
-        scale: float,
-        rope_in: RopeIn | None = None,
-        ahead: torch.Tensor | None = None,
+        self, q, k_cache, v_cache, part: DecodePart, scale: float, rope_in: RopeIn | None = None
     ) -> torch.Tensor:
-        """`ahead` is used by pure decode steps of up to weights_ahead.MAX_BATCH sequences."""
-        if part.block_tables.shape[0] > weights_ahead.MAX_BATCH:
-            ahead = None
         return paged_decode(
             q,
             k_cache,
@@ -147,7 +133,6 @@ class CudaAttentionBackend:
             queries=part.queries,
             rope_in=rope_in,
             num_warps=self.decode_warps,
-            ahead=ahead,
         )
 
 

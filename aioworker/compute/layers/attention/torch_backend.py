@@ -162,7 +162,6 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: TorchAttentionMetadata,
         scale: float,
-        ahead: torch.Tensor | None = None,  # never given: it fetches no weights ahead
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [Hkv, num_blocks, block_size, D]
         num_kv_heads, head_dim = k.shape[1], k.shape[2]

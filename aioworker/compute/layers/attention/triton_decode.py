@@ -29,7 +29,7 @@ import triton.language as tl
 
 from aioworker.compute.layers.attention.split_merge import merge_splits
 from aioworker.compute.layers.fused import norm_rope_rows
-from aioworker.compute.layers.gdc import prefetch_span_to_l2, wait_for_previous_kernel
+from aioworker.compute.layers.gdc import wait_for_previous_kernel
 from aioworker.compute.layers.pdl import launch_options
 
 
@@ -82,8 +82,6 @@ def _decode_partial(
     stride_new_seq,
     stride_cos,
     eps,
-    ahead_ptr,
-    num_ahead,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     ROWS_PAD: tl.constexpr,
@@ -97,14 +95,11 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
-    AHEAD: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if AHEAD:  # issued first: the copy engine fetches while this program attends
-        _fetch_weights_ahead(ahead_ptr, num_ahead)
     context_len = tl.load(context_lens_ptr + seq)
     num_tiles = tl.cdiv(context_len, TILE_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
@@ -188,21 +183,6 @@ def _decode_partial(
 
 
 @triton.jit
-def _fetch_weights_ahead(ahead_ptr, num_slots):
-    """This program's share of the [address, bytes] slots of weights that the products after
-    this attention read (weights_ahead.py), fetched into L2 and not waited for: at a few
-    sequences the attention leaves DRAM mostly idle, and those products then read from L2."""
-    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    me = tl.program_id(0) + tl.num_programs(0) * (
-        tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
-    )
-    for slot in range(me, num_slots, programs):
-        address = tl.load(ahead_ptr + 2 * slot)
-        size = tl.load(ahead_ptr + 2 * slot + 1).to(tl.int32)
-        prefetch_span_to_l2(address, size)
-
-
-@triton.jit
 def _write_new_kv(
     k_new_ptr, v_new_ptr, cos_ptr, sin_ptr, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, table,
     kv_head, query_start, num_queries, context_len, first_pos, end_pos, stride_new_seq,
@@ -262,7 +242,6 @@ def paged_decode(
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
     num_warps: int = DECODE_WARPS,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -271,9 +250,7 @@ def paged_decode(
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself.
-    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter). `ahead`: int64
-    [S, 2] slots (address, bytes) of weights to fetch into L2 while attending (weights_ahead.py;
-    CUDA, sm_90 and later)."""
+    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -310,7 +287,6 @@ def paged_decode(
         *p_strides, *l_strides,
         num_splits,
         *new,
-        context_lens if ahead is None else ahead, 0 if ahead is None else ahead.shape[0],
         GROUP=group,
         GROUP_P2=triton.next_power_of_2(group),
         ROWS_PAD=max(16, triton.next_power_of_2(max_queries) * triton.next_power_of_2(group)),
@@ -325,7 +301,6 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        AHEAD=ahead is not None,
         num_warps=num_warps,
         **options,
     )  # fmt: skip

@@ -15,7 +15,6 @@ class XformersAttentionBackend(CudaAttentionBackend):
     name = "xformers"
     supports_graphs = False
     verifies_paged = False  # verify steps' rows go through the prefill kernel
-    fetches_weights_ahead = False  # its kernel is not ours
 
     def __init__(self, block_size: int) -> None:
         if block_size % 64:
@@ -27,10 +26,7 @@ class XformersAttentionBackend(CudaAttentionBackend):
 
         self.fmha = fmha
 
-    def decode(
-        self, q, k_cache, v_cache, part: DecodePart, scale: float, rope_in=None, ahead=None
-    ) -> torch.Tensor:
-        """rope_in and ahead are never given (rotary is not fused here; no tables are bound)."""
+    def decode(self, q, k_cache, v_cache, part: DecodePart, scale: float) -> torch.Tensor:
         # q: [B, Hq, D] -> [1, B, Hkv, G, D]; the cache as [1, slots, Hkv, G, D] (G: a broadcast view)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
