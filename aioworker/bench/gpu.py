@@ -11,6 +11,7 @@ W5  static batches, 1024 in / 128 out, Llama-3.1-8B shape: median decode step, m
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import statistics
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from aioworker.bench.step_timeline import StepTimeline
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.config import load_config
 from aioworker.core.sampling_params import SamplingParams
@@ -163,8 +165,11 @@ def w5_static_batch(engine, batch: int, vocab: int) -> StaticBatch:
     )
 
 
-def w1_tokens_per_s(engine, logprobs: int | None = None) -> tuple[float, int]:
-    """nano-vllm's bench.py draws; `logprobs`: each sampled token's logprob and top k too."""
+def w1_tokens_per_s(
+    engine, logprobs: int | None = None, timeline: StepTimeline | None = None
+) -> tuple[float, int]:
+    """nano-vllm's bench.py draws; `logprobs`: each sampled token's logprob and top k too;
+    `timeline`: records the timed run's steps (step_timeline.py)."""
     rng = random.Random(0)
     num_seqs = 256
     prompts = [random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(num_seqs)]
@@ -179,8 +184,9 @@ def w1_tokens_per_s(engine, logprobs: int | None = None) -> tuple[float, int]:
     ]
     # Warm-up, with the same options: the first logprobs step compiles their kernel.
     engine.generate(prompts[:4], SamplingParams(max_tokens=8, logprobs=logprobs))
-    started = time.perf_counter()
-    engine.generate(prompts, params)
-    seconds = time.perf_counter() - started
+    with timeline if timeline is not None else contextlib.nullcontext():
+        started = time.perf_counter()
+        engine.generate(prompts, params)
+        seconds = time.perf_counter() - started
     total = sum(p.max_tokens for p in params)
     return total / seconds, total

@@ -6,6 +6,7 @@ import statistics
 
 from aioworker.bench import gpu, gpu_prefix, gpu_reference
 from aioworker.bench.report import format_table
+from aioworker.bench.step_timeline import StepTimeline
 from aioworker.checkpoint.model_config import load_model_config
 
 
@@ -69,8 +70,11 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
     for _ in range(W1_REPEATS):
         for name, (logprobs, cached) in W1_VARIANTS.items():
             gpu_prefix.set_prefix_caching(engine, cached)
-            tokens_per_s, total = gpu.w1_tokens_per_s(engine, logprobs)
+            timeline = StepTimeline(engine)  # every variant, so that each pays its few us
+            tokens_per_s, total = gpu.w1_tokens_per_s(engine, logprobs, timeline)
             runs[name].append(tokens_per_s)
+            if name == "aioworker":
+                breakdown = timeline.summary()
     gpu.free(engine)
     median = {name: statistics.median(values) for name, values in runs.items()}
     rows = [[name, f"{median[name]:,.0f}", _runs(runs[name]), f"{total:,}"] for name in runs]
@@ -82,7 +86,9 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
         f"{plain / median['aioworker, prefix caching off'] - 1:+.1%} ({W1_REPEATS} runs each, "
         f"alternating). Copy bandwidth {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
         f"{limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s in this run; KV bytes per token "
-        f"{gpu.kv_bytes_per_token(cfg):,}."
+        f"{gpu.kv_bytes_per_token(cfg):,}. Where the last plain run's time went, by kind of "
+        f"step (host: the engine thread scheduling and taking results; waiting: the device "
+        f"still busy): {breakdown}."
     )
     return format_table(header, rows), notes
 
