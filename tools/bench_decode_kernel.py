@@ -2,11 +2,13 @@
 in KV bytes read per second beside the measured copy bandwidth (the floor).
 
     python tools/bench_decode_kernel.py [--seqs 1 64 256] [--context 4096] [--heads 32]
-        [--warps 4] [--max-model-len 4096]
+        [--warps 4] [--max-model-len 4096] [--spread]
 
 --heads: query heads over 8 KV heads x 128 (32: Llama-3.1-8B, 16: Qwen3-0.6B). --warps: our
 kernel's warps a program, each a row of the table (triton_decode.DECODE_WARPS: 4 spills in its
-loop, 8 does not).
+loop, 8 does not). --spread: each sequence's context drawn uniformly from a quarter to seven
+quarters of --context (mean --context), as W1's large decode steps have them: e.g. --heads 16
+--seqs 202 --context 811 --max-model-len 2048 --spread.
 """
 
 from __future__ import annotations
@@ -25,7 +27,18 @@ from aioworker.compute.layers.attention.triton_decode import (
 )
 
 
+def contexts(num_seqs: int, context: int, spread: bool) -> torch.Tensor:
+    """Each sequence's context: `context`, or with `spread` uniform in [context / 4, 7 context /
+    4] (seeded, so every run and kernel sees the same draws)."""
+    if not spread:
+        return torch.full((num_seqs,), context, dtype=torch.int32)
+    low = max(1, context // 4)
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(low, 2 * context - low + 1, (num_seqs,), generator=generator).int()
+
+
 def cache(num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim: int):
+    """Caches and block tables for `num_seqs` sequences of up to `context` tokens."""
     blocks_per_seq = -(-context // block_size)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, block_size, heads_kv, head_dim)
@@ -63,6 +76,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[4096])
     parser.add_argument("--heads", type=int, nargs="+", default=[32])
     parser.add_argument("--warps", type=int, nargs="+", default=[DECODE_WARPS])
+    parser.add_argument("--spread", action="store_true", help="contexts spread around --context")
     parser.add_argument(
         "--max-model-len",
         type=int,
@@ -76,11 +90,12 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for heads, context, num_seqs in itertools.product(args.heads, args.context, args.seqs):
         q = torch.randn(num_seqs, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-        lens = torch.full((num_seqs,), context, device="cuda", dtype=torch.int32)
-        kv_bytes = 2 * num_seqs * context * heads_kv * head_dim * 2
+        lens = contexts(num_seqs, context, args.spread).cuda()
+        longest = int(lens.max())
+        kv_bytes = 2 * int(lens.sum()) * heads_kv * head_dim * 2
         for block_size in (16, 64):
-            k, v, tables = cache(num_seqs, context, block_size, heads_kv, head_dim)
-            splits = choose_num_splits(num_seqs, heads_kv, max(context, args.max_model_len), sms)
+            k, v, tables = cache(num_seqs, longest, block_size, heads_kv, head_dim)
+            splits = choose_num_splits(num_seqs, heads_kv, max(longest, args.max_model_len), sms)
             candidates = [
                 (f"triton (ours), {warps} warps", ours(q, k, v, tables, lens, splits, warps))
                 for warps in args.warps
@@ -97,7 +112,7 @@ def main() -> None:
                 rows.append(
                     [
                         f"{heads}/{heads_kv}",
-                        str(context),
+                        f"{context} (mean, spread)" if args.spread else str(context),
                         str(num_seqs),
                         str(block_size),
                         name,

@@ -2,7 +2,11 @@
 their GPU time, the top kernels, and the host-side split (scheduler vs executor).
 
     python tools/profile_step.py [--model qwen3-0.6b|llama-3.1-8b] [--batch 1]
-        [--quantization fp8] [--small-batch-kernels] [--set device.pdl=true ...]
+        [--prompt-tokens 1024] [--quantization fp8] [--small-batch-kernels]
+        [--set device.pdl=true ...]
+
+W1's large decode steps are about --batch 200 --prompt-tokens 800 on qwen3-0.6b (docs/
+benchmarks.md, "Where W1's time goes").
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--small-batch-kernels", action="store_true")
@@ -43,8 +48,11 @@ def main() -> None:
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for _ in range(args.batch):
-        engine.add_request(random_prompt(1024, 10000, rng), params)
-    for _ in range(5):  # prefill and warm-up decodes
+        engine.add_request(random_prompt(args.prompt_tokens, 10000, rng), params)
+    seqs = engine.scheduler.seqs.values
+    while any(s.num_uncomputed_tokens > 1 for s in seqs()):  # the prefill, in its steps
+        engine.step()
+    for _ in range(3):  # warm-up decodes
         engine.step()
     schedule_s = execute_s = update_s = 0.0
     started = time.perf_counter()
