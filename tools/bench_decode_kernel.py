@@ -2,13 +2,15 @@
 in KV bytes read per second beside the measured copy bandwidth (the floor).
 
     python tools/bench_decode_kernel.py [--seqs 1 64 256] [--context 4096] [--heads 32]
-        [--warps 4] [--max-model-len 4096] [--spread]
+        [--warps 4] [--max-model-len 4096] [--spread] [--splits 1 2 4]
 
 --heads: query heads over 8 KV heads x 128 (32: Llama-3.1-8B, 16: Qwen3-0.6B). --warps: our
 kernel's warps a program, each a row of the table (triton_decode.DECODE_WARPS: 4 spills in its
 loop, 8 does not). --spread: each sequence's context drawn uniformly from a quarter to seven
 quarters of --context (mean --context), as W1's large decode steps have them: e.g. --heads 16
---seqs 202 --context 811 --max-model-len 2048 --spread.
+--seqs 202 --context 811 --max-model-len 2048 --spread. --splits: splits of each sequence's
+context to time, each a row (default: the engine's choice, choose_num_splits); with spread
+contexts, more splits shorten the longest programs, which end each launch.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, nargs="+", default=[32])
     parser.add_argument("--warps", type=int, nargs="+", default=[DECODE_WARPS])
     parser.add_argument("--spread", action="store_true", help="contexts spread around --context")
+    parser.add_argument("--splits", type=int, nargs="+", help="splits to time (default: chosen)")
     parser.add_argument(
         "--max-model-len",
         type=int,
@@ -95,10 +98,14 @@ def main() -> None:
         kv_bytes = 2 * int(lens.sum()) * heads_kv * head_dim * 2
         for block_size in (16, 64):
             k, v, tables = cache(num_seqs, longest, block_size, heads_kv, head_dim)
-            splits = choose_num_splits(num_seqs, heads_kv, max(longest, args.max_model_len), sms)
+            chosen = choose_num_splits(num_seqs, heads_kv, max(longest, args.max_model_len), sms)
             candidates = [
-                (f"triton (ours), {warps} warps", ours(q, k, v, tables, lens, splits, warps))
+                (
+                    f"triton (ours), {warps} warps, {splits} splits",
+                    ours(q, k, v, tables, lens, splits, warps),
+                )
                 for warps in args.warps
+                for splits in (args.splits or [chosen])
             ]
             if block_size == 64:
                 try:

@@ -52,7 +52,8 @@
 #   tools/gpu_issue22.sh switches W4 of the 0.6B (bf16, wint4) with the add and norm fused into the
 #                                 products; W4 8B wint8 with PDL off against on (three runs a side)
 #   tools/gpu_issue22.sh w1       where W1's large decode steps go: the decode kernel alone at their
-#                                 batches and contexts (4 and 8 warps), a 200-sequence step profiled
+#                                 batches, spread contexts against equal (4 and 8 warps; 1, 2 and
+#                                 4 splits), and a 200-sequence step profiled
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -280,10 +281,12 @@ case "${1:-}" in
   w1)  # W1's large decode steps (docs/benchmarks.md, "Where W1's time goes"): attention alone at
        # their batches and spread contexts, then one step of 200 sequences profiled
     timeout 150 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
-      --max-model-len 2048 --spread --warps 4 8 > "$out/w1_kernel.log" 2>&1
+      --max-model-len 2048 --spread --warps 4 8 --splits 1 2 4 > "$out/w1_kernel.log" 2>&1
+    timeout 60 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 --context 811 \
+      --max-model-len 2048 >> "$out/w1_kernel.log" 2>&1  # equal contexts, the same mean
     timeout 240 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
       > "$out/w1_profile.log" 2>&1
-    echo "== decode kernel"; tail -12 "$out/w1_kernel.log"; echo "== profile"; tail -30 "$out/w1_profile.log"
+    echo "== decode kernel"; grep -E "^\||copy" "$out/w1_kernel.log"; echo "== profile"; tail -30 "$out/w1_profile.log"
     ;;
   switches)  # on the 0.6B, the norm fusion; PDL's own A/B for wint8 (three runs a side)
     W4_REPEATS=3 w4 none,wint4 200 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
