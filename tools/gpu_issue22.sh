@@ -49,8 +49,6 @@
 #                                 defaults against the three fusions on
 #   tools/gpu_issue22.sh one      for little device time: the decode and graph GPU tests, then W4 of
 #                                 bf16, fp8 and wint4 with device.pdl_max_batch=8, three runs a side
-#   tools/gpu_issue22.sh switches W4 of the 0.6B (bf16, wint4) with the add and norm fused into the
-#                                 products; W4 8B wint8 with PDL off against on (three runs a side)
 #   tools/gpu_issue22.sh w1       where W1's large decode steps go: the decode kernel alone at their
 #                                 batches, spread contexts against equal (4 and 8 warps; 1, 2 and
 #                                 4 splits), and a 200-sequence step profiled
@@ -288,11 +286,6 @@ case "${1:-}" in
       > "$out/w1_profile.log" 2>&1
     echo "== decode kernel"; grep -E "^\||copy" "$out/w1_kernel.log"; echo "== profile"; tail -30 "$out/w1_profile.log"
     ;;
-  switches)  # on the 0.6B, the norm fusion; PDL's own A/B for wint8 (three runs a side)
-    W4_REPEATS=3 w4 none,wint4 200 n --w4-models qwen3-0.6b --candidate device.fused_norm_products=true
-    W4_REPEATS=3 w4 wint8 150 p --w4-models llama-3.1-8b --candidate device.pdl=false
-    for name in n p; do echo "== w4 $name"; tail -7 "$out/w4_$name.log"; done
-    ;;
   one)  # one call for a session with little device time: the GPU tests of the decode kernel, 8
         # warps, the products in a graph, and graphs equal eager; W4 of bf16, fp8 and wint4 on
         # the 8B and the 0.6B with PDL in graphs of up to 8 sequences (three runs a side; wint8
@@ -328,6 +321,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|switches|one" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1" >&2; exit 2 ;;
 esac
 exit 0
