@@ -87,8 +87,8 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
         f"alternating). Copy bandwidth {limits.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
         f"{limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s in this run; KV bytes per token "
         f"{gpu.kv_bytes_per_token(cfg):,}. Where the last plain run's time went, by kind of "
-        f"step (host: the engine thread scheduling and taking results; waiting: the device "
-        f"still busy): {breakdown}."
+        f"step (host: the engine thread scheduling and taking results; waiting: on the "
+        f"executor, the device's step and the executor thread's work): {breakdown}."
     )
     return format_table(header, rows), notes
 

@@ -1,10 +1,11 @@
 """Where a run's time goes, step by step (W1's breakdown): each completed step's kind and batch,
 the engine thread's host time for it (scheduling the next steps, taking this one's tokens), and
-the time that thread waited for the device to finish it.
+the time that thread waited for the executor's result.
 
-The engine keeps up to two steps in flight, so the device works while the host plans. A kind of
-step whose wait is near zero is bound by the host (the device idles between steps); one whose
-wait is most of its time is bound by the device. The breakdown prints both, by kind of step.
+The engine keeps up to two steps in flight, so the executor works while the engine thread
+plans. A kind of step whose wait is near zero is bound by the engine thread; one whose wait is
+most of its time is bound by the executor: the device's step, or the executor thread's own host
+work for it, which this does not tell apart (tools/profile_step.py does).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ BATCH_BUCKETS = (8, 32, 128, 256)
 class StepRecord:
     rows: int  # sequences scheduled
     prefill_tokens: int  # tokens of sequences scheduled more than one (0: a decode step)
-    wait_s: float  # the engine thread's other time: blocked on the device for this result
+    wait_s: float  # the engine thread's other time: blocked on the executor for this result
     host_s: float  # the engine thread's time in launch and complete for this step
 
     @property
@@ -81,7 +82,7 @@ class StepTimeline:
             wait_ms = 1000 * sum(s.wait_s for s in steps) / len(steps)
             parts.append(
                 f"{kind}: {len(steps)} steps, {seconds:.2f} s ({seconds / wall:.0%}), a step "
-                f"{host_ms:.2f} ms host + {wait_ms:.2f} ms waiting on the device"
+                f"{host_ms:.2f} ms host + {wait_ms:.2f} ms waiting on the executor"
             )
         return "; ".join(parts)
 

@@ -60,7 +60,7 @@ def test_the_summary_groups_steps_by_kind_and_batch() -> None:
     assert parts[0].startswith("steps with prefill: 1 steps, 0.01 s (46%)")
     assert parts[1] == (
         "decode of <= 256: 2 steps, 0.01 s (46%), a step 1.00 ms host + 5.00 ms waiting on the "
-        "device"
+        "executor"
     )
     assert parts[2].startswith("decode of <= 8: 1 steps") and "2.00 ms host + 0.00 ms" in parts[2]
 
