@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aioworker.core.block_manager import BlockManager
+from aioworker.core.kv_connector import KvReport
 from aioworker.core.kv_in_flight import KvInFlight
 from aioworker.core.outputs import ErrorKind, FinishReason, RequestOutput
 from aioworker.core.plan import StepPlan, StepResult
@@ -28,7 +29,7 @@ class ResultTaking:
         max_model_len: int
         _trimmed: dict[int, int]
 
-        def _take_kv_report(self, report, step_id: int) -> list[RequestOutput]: ...
+        def _take_kv_report(self, report: KvReport, step_id: int) -> list[RequestOutput]: ...
 
         def _finish(
             self, seq: Sequence, reason: FinishReason, still_listed: bool = False
