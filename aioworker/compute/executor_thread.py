@@ -25,7 +25,8 @@ from aioworker.core.weights_phase import WeightsPhase
 
 if TYPE_CHECKING:
     from aioworker.compute.layers.moe.load_meter import ExpertLoadMeter
-    from aioworker.compute.step.runner import ModelRunner, StepHandle
+    from aioworker.compute.step.runner import ModelRunner
+    from aioworker.compute.step.stages import StepHandle
     from aioworker.compute.thread_governor import ThreadGovernor
     from aioworker.compute.weights.rank_weights import RankWeights
 

@@ -12,7 +12,7 @@ from aioworker.core.kv_connector import KvReport, KvTransfers
 from aioworker.core.plan import StepResult
 
 if TYPE_CHECKING:
-    from aioworker.compute.step.runner import StepHandle
+    from aioworker.compute.step.stages import StepHandle
 
 
 class KvCopier(Protocol):

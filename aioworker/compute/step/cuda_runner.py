@@ -26,14 +26,8 @@ from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans
 from aioworker.compute.small_copies import pinned_copy
 from aioworker.compute.step.cuda_graphs import MAX_VERIFY_GRAPH_BATCH, DecodeGraphs
 from aioworker.compute.step.drafting import NextDrafts
-from aioworker.compute.step.runner import (
-    Forwarded,
-    ModelRunner,
-    PlanError,
-    PreparedStep,
-    Sampled,
-    StepHandle,
-)
+from aioworker.compute.step.runner import ModelRunner
+from aioworker.compute.step.stages import Forwarded, PlanError, PreparedStep, Sampled, StepHandle
 from aioworker.core.plan import StepPlan, StepResult
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from aioworker.compute.step.runner import CompletedStep
+from aioworker.compute.step.stages import CompletedStep
 from aioworker.core.plan import LogitControls, NewSeq, StepPlan
 from aioworker.core.sampling_params import SamplingParams
 from tests.conftest import make_engine
