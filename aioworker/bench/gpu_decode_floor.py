@@ -36,18 +36,11 @@ BATCH_8_GOAL = 1.15
 # Tokens of context a sequence has on average over W4's and W5's 128 decode steps (a 1024-token
 # prompt each): what a step's attention reads from the KV cache, per sequence.
 MEAN_CONTEXT = 1024 + 64
-KV_ELEMENT_BYTES = 2  # W4's engines keep the KV cache in bfloat16
 # Settings a format is measured with on both sides: wint4 in groups of 128 inputs, the format
 # issue 23's goals and gpt-fast's figure name (and compressed-tensors W4A16 checkpoints hold).
 # The engine quantizes bf16 checkpoints in groups of 32 by default, the embedded model's grid;
 # a candidate may still set model.int4_group.
 FORMAT_SETTINGS = {"wint4": {"model.int4_group": 128}}
-
-
-def kv_bytes_per_token(model_dir: Path) -> int:
-    """K and V of one token in every layer, as the cache holds them."""
-    cfg = load_model_config(model_dir)
-    return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * KV_ELEMENT_BYTES
 
 
 def floor_ratio(weight_read: int, kv_token: int) -> float:
@@ -139,7 +132,7 @@ def run(
             f"{model_dir.name} {fmt}", f"{off[1]:.3f}", f"{on[1]:.3f}", f"{off[1] / on[1]:.2f}x",
             f"{floor_ms:.3f}", f"{on[1] / floor_ms:.2f}x", f"<= {goal}",
             f"{off[2] / off[1]:.2f} / {on[2] / on[1]:.2f} (<= {BATCH_8_GOAL})",
-            f"{floor_ratio(on[0], kv_bytes_per_token(model_dir)):.2f}", reference,
+            f"{floor_ratio(on[0], gpu.kv_bytes_per_token(load_model_config(model_dir))):.2f}", reference,
         ])  # fmt: skip
     header, notes = _header_and_notes(limits, candidate, repeats)
     if runs:

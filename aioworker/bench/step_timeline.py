@@ -37,6 +37,7 @@ class StepTimeline:
     steps: list[StepRecord] = field(default_factory=list)
     _launch_s: float = 0.0  # launches' time since the last completion
     _last: float = 0.0
+    _originals: tuple = ()  # the core's launch and complete, while attached
 
     def __enter__(self) -> StepTimeline:
         core = self.engine.core
