@@ -3,20 +3,27 @@ in KV bytes read per second beside the measured copy bandwidth (the floor).
 
     python tools/bench_decode_kernel.py [--seqs 1 64 256] [--context 4096] [--heads 32]
         [--warps 4] [--max-model-len 4096] [--spread] [--splits 1 2 4]
+        [--variants 4:-:64:seq 4:5:64:heads] [--tables scattered ordered] [--pages 16]
 
 --heads: query heads over 8 KV heads x 128 (32: Llama-3.1-8B, 16: Qwen3-0.6B). --warps: our
-kernel's warps a program, each a row of the table (triton_decode.DECODE_WARPS: 4 spills in its
-loop, 8 does not). --spread: each sequence's context drawn uniformly from a quarter to seven
+kernel's warps a program, each a row of the table (triton_decode.DECODE_WARPS). --pages: the
+cache's block sizes (default 16, the engine's, and 64, xformers' least). --spread: each sequence's context drawn uniformly from a quarter to seven
 quarters of --context (mean --context), as W1's large decode steps have them: e.g. --heads 16
 --seqs 202 --context 811 --max-model-len 2048 --spread. --splits: splits of each sequence's
 context to time, each a row (default: the engine's choice, choose_num_splits); with spread
 contexts, more splits shorten the longest programs, which end each launch.
+--variants: kernel builds to time, each WARPS:STAGES:TILE:ORDER (STAGES `-`: Triton's default;
+ORDER `seq`: a KV head's programs neighbours, the default, or `heads`: a sequence's); given, it
+replaces --warps. --tables: `scattered` (the default) draws each sequence's blocks at random,
+as a long-running cache has them; `ordered` gives each sequence consecutive blocks, as a fresh
+cache does.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +31,7 @@ from aioworker.bench.gpu import _copy_bytes_per_s, _time_cuda
 from aioworker.bench.report import format_table
 from aioworker.compute.layers.attention.triton_decode import (
     DECODE_WARPS,
+    TILE_N,
     choose_num_splits,
     paged_decode,
 )
@@ -39,19 +47,49 @@ def contexts(num_seqs: int, context: int, spread: bool) -> torch.Tensor:
     return torch.randint(low, 2 * context - low + 1, (num_seqs,), generator=generator).int()
 
 
-def cache(num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim: int):
-    """Caches and block tables for `num_seqs` sequences of up to `context` tokens."""
+def cache(
+    num_seqs: int, context: int, block_size: int, heads_kv: int, head_dim: int, scattered: bool
+):
+    """Caches and block tables for `num_seqs` sequences of up to `context` tokens, their blocks
+    drawn at random (`scattered`) or consecutive."""
     blocks_per_seq = -(-context // block_size)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, block_size, heads_kv, head_dim)
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    tables = torch.randperm(num_blocks, device="cuda").view(num_seqs, blocks_per_seq).int()
+    order = torch.randperm if scattered else torch.arange
+    tables = order(num_blocks, device="cuda").view(num_seqs, blocks_per_seq).int()
     return k, v, tables
 
 
-def ours(q, k, v, tables, lens, splits, warps):
-    return lambda: paged_decode(q, k, v, tables, lens, q.shape[-1] ** -0.5, splits, num_warps=warps)
+@dataclass(frozen=True)
+class Variant:
+    """A build of our kernel: warps a program, Triton's pipelining depth (None: its default),
+    keys a tile, and the grid's order (a sequence's KV heads neighbours, or not)."""
+
+    warps: int
+    stages: int | None
+    tile: int
+    heads_first: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        warps, stages, tile, order = text.split(":")
+        if order not in ("seq", "heads"):
+            raise SystemExit(f"--variants {text}: ORDER is seq or heads")
+        return cls(int(warps), None if stages == "-" else int(stages), int(tile), order == "heads")
+
+    def __str__(self) -> str:
+        stages = "default" if self.stages is None else self.stages
+        order = ", heads first" if self.heads_first else ""
+        return f"{self.warps} warps, stages {stages}, tile {self.tile}{order}"
+
+
+def ours(q, k, v, tables, lens, splits, variant: Variant):
+    return lambda: paged_decode(
+        q, k, v, tables, lens, q.shape[-1] ** -0.5, splits, num_warps=variant.warps,
+        tile_n=variant.tile, num_stages=variant.stages, heads_first=variant.heads_first,
+    )  # fmt: skip
 
 
 def xformers(q, k, v, tables, lens, block_size):
@@ -80,6 +118,11 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="+", default=[DECODE_WARPS])
     parser.add_argument("--spread", action="store_true", help="contexts spread around --context")
     parser.add_argument("--splits", type=int, nargs="+", help="splits to time (default: chosen)")
+    parser.add_argument("--pages", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--variants", nargs="+", help="builds WARPS:STAGES:TILE:ORDER to time")
+    parser.add_argument(
+        "--tables", nargs="+", choices=["scattered", "ordered"], default=["scattered"]
+    )
     parser.add_argument(
         "--max-model-len",
         type=int,
@@ -87,6 +130,9 @@ def main() -> None:
         help="the length the splits are chosen for, as the engine's graphs choose them (W4: 4096)",
     )
     args = parser.parse_args()
+    variants = [Variant.parse(v) for v in args.variants or []] or [
+        Variant(warps, None, TILE_N, False) for warps in args.warps
+    ]
     copy_bw = _copy_bytes_per_s()
     heads_kv, head_dim = 8, 128
     rows = []
@@ -96,18 +142,16 @@ def main() -> None:
         lens = contexts(num_seqs, context, args.spread).cuda()
         longest = int(lens.max())
         kv_bytes = 2 * int(lens.sum()) * heads_kv * head_dim * 2
-        for block_size in (16, 64):
-            k, v, tables = cache(num_seqs, longest, block_size, heads_kv, head_dim)
+        for block_size, tables_kind in itertools.product(args.pages, args.tables):
+            scattered = tables_kind == "scattered"
+            k, v, tables = cache(num_seqs, longest, block_size, heads_kv, head_dim, scattered)
             chosen = choose_num_splits(num_seqs, heads_kv, max(longest, args.max_model_len), sms)
             candidates = [
-                (
-                    f"triton (ours), {warps} warps, {splits} splits",
-                    ours(q, k, v, tables, lens, splits, warps),
-                )
-                for warps in args.warps
+                (f"ours: {variant}, {splits} splits", ours(q, k, v, tables, lens, splits, variant))
+                for variant in variants
                 for splits in (args.splits or [chosen])
             ]
-            if block_size == 64:
+            if block_size == 64 and scattered:
                 try:
                     candidates.append(
                         ("xformers triton_splitk", xformers(q, k, v, tables, lens, block_size))
@@ -121,7 +165,7 @@ def main() -> None:
                         f"{heads}/{heads_kv}",
                         f"{context} (mean, spread)" if args.spread else str(context),
                         str(num_seqs),
-                        str(block_size),
+                        f"{block_size}, {tables_kind}",
                         name,
                         f"{seconds * 1e3:.3f}",
                         f"{kv_bytes / seconds / copy_bw:.0%}",
@@ -132,7 +176,7 @@ def main() -> None:
         f"copy bandwidth {copy_bw / 1e12:.2f} TB/s; head dim {head_dim}; splits chosen for "
         f"{args.max_model_len} tokens"
     )
-    headers = ["q/kv heads", "context", "seqs", "page", "kernel", "ms", "KV read / copy bw"]
+    headers = ["q/kv heads", "context", "seqs", "page, blocks", "kernel", "ms", "KV read / copy bw"]
     print(format_table(headers, rows))
 
 

@@ -52,6 +52,9 @@
 #   tools/gpu_issue22.sh w1       where W1's large decode steps go: the decode kernel alone at their
 #                                 batches, spread contexts against equal (4 and 8 warps; 1, 2 and
 #                                 4 splits), and a 200-sequence step profiled
+#   tools/gpu_issue22.sh attn     decode attention's builds (pipelining depth, keys a tile, the grid's
+#                                 order, warps) at W1's large steps and the 8B's batches 1 and 8,
+#                                 blocks scattered and consecutive
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -286,6 +289,17 @@ case "${1:-}" in
       > "$out/w1_profile.log" 2>&1
     echo "== decode kernel"; grep -E "^\||copy" "$out/w1_kernel.log"; echo "== profile"; tail -30 "$out/w1_profile.log"
     ;;
+  attn)  # decode attention's builds against the default (bench_decode_kernel.py --variants)
+    variants="4:-:64:seq 4:5:64:seq 4:5:32:seq 4:-:128:seq 4:-:64:heads 4:5:64:heads 8:5:64:seq"
+    timeout 200 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
+      --max-model-len 2048 --spread --pages 16 --tables scattered ordered --variants $variants \
+      > "$out/attn_w1.log" 2>&1
+    timeout 150 python3 tools/bench_decode_kernel.py --heads 32 --seqs 1 8 --context 1088 \
+      --max-model-len 4096 --pages 16 --tables scattered ordered --variants $variants \
+      > "$out/attn_8b.log" 2>&1
+    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; tail -3 "$out/attn_w1.log" | grep -v "^|"
+    echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
+    ;;
   one)  # one call for a session with little device time: the GPU tests of the decode kernel, 8
         # warps, the products in a graph, and graphs equal eager; W4 of bf16, fp8 and wint4 on
         # the 8B and the 0.6B with PDL in graphs of up to 8 sequences (three runs a side; wint8
@@ -321,6 +335,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn" >&2; exit 2 ;;
 esac
 exit 0

@@ -87,6 +87,27 @@ def test_paged_decode_matches_reference(
     assert error < (1e-5 if dtype == torch.float32 else 1e-2), error
 
 
+@pytest.mark.parametrize(("tile_n", "heads_first", "num_splits"), [(32, True, 1), (16, False, 3)])
+def test_other_builds_of_the_kernel_give_the_reference(tile_n, heads_first, num_splits) -> None:
+    """The builds tools/bench_decode_kernel.py times (keys a tile, the grid's order): the
+    reference's output, tiles and splits crossing the sequences' ends."""
+    generator = torch.Generator().manual_seed(tile_n + num_splits)
+    num_heads, num_kv_heads, head_dim, block_size = 8, 2, 32, 16
+    context_lens, _, block_tables = sequences(generator, None, block_size)
+    shape = (64, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator)
+    v_cache = torch.randn(shape, generator=generator)
+    q = torch.randn(len(context_lens), num_heads, head_dim, generator=generator)
+    expected = reference(q, k_cache, v_cache, block_tables, context_lens, head_dim**-0.5)
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    out = paged_decode(
+        to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens),
+        head_dim**-0.5, num_splits, tile_n=tile_n, heads_first=heads_first,
+    )  # fmt: skip
+    error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
+    assert error < 1e-5, error
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
     num_splits,

@@ -49,6 +49,7 @@ KERNELS = [
             "ROPE_IN": True,
             "HAS_NORM": True,
             "QUERIES_P2": 1,
+            "HEADS_FIRST": False,
         },
     ),  # fmt: skip
     (split_merge.merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),

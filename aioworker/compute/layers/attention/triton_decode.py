@@ -95,10 +95,15 @@ def _decode_partial(
     ROPE_IN: tl.constexpr,
     HAS_NORM: tl.constexpr,
     QUERIES_P2: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # a sequence's KV heads in neighbouring programs: they read the same rows
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1)
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
     num_tiles = tl.cdiv(context_len, TILE_N)
@@ -242,6 +247,9 @@ def paged_decode(
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
     num_warps: int = DECODE_WARPS,
+    tile_n: int = TILE_N,
+    num_stages: int | None = None,
+    heads_first: bool = False,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -250,7 +258,9 @@ def paged_decode(
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself.
-    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter)."""
+    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter). `tile_n`,
+    `num_stages` (Triton's pipelining depth; None: its default) and `heads_first` (the grid's
+    order) are there for tools/bench_decode_kernel.py to time against the defaults."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -278,7 +288,9 @@ def paged_decode(
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
-    _decode_partial[(batch, num_kv_heads, num_splits)](
+    grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
+    stages = {} if num_stages is None else {"num_stages": num_stages}
+    _decode_partial[grid](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
         q.stride(0), q.stride(1),
@@ -293,7 +305,7 @@ def paged_decode(
         MULTI=queries is not None,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        TILE_N=TILE_N,
+        TILE_N=tile_n,
         DIRECT=direct,
         # float32 caches (tests, CPU-exact runs) keep full precision; tf32 would cost 1e-3.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -301,7 +313,9 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
+        HEADS_FIRST=heads_first,
         num_warps=num_warps,
+        **stages,
         **options,
     )  # fmt: skip
     if not direct:
