@@ -126,9 +126,9 @@ class DeviceOptions(_Section):
     # norms, rotary and KV cache write done inside the paged decode kernel, one launch fewer a
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
     fused_rope_attention: bool = True
-    # CUDA, attention_backend auto or triton: warps a decode attention program runs with. At 4
-    # it spills registers for sm_90 (compiler counts), at 8 it does not but fits one program an
-    # SM; the H100 measured 8 no faster (docs/benchmarks.md, 2026-12-06).
+    # CUDA, attention_backend auto or triton: warps a decode attention program runs with (4: 126
+    # registers a thread for sm_90, 8: 79; neither spills). The H100 measured 8 no faster
+    # (docs/benchmarks.md, 2026-12-06).
     decode_attention_warps: Literal[4, 8] = 4
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True

@@ -216,12 +216,12 @@ def _write_new_kv(
 
 
 TILE_N = 64
-# Warps a decode program runs with. At 4, each variant compiled (head groups of 2 and 4, rotary
-# in or not) takes 255 registers for sm_90 and spills in its loop over key tiles, 40-52 local
-# loads and stores a tile (Triton 3.6); at 8, 209-225 registers without spills, one program an
-# SM instead of two. The H100 measured 8 no faster, and slower at 64 sequences (74% of copy
-# bandwidth against 87%; tools/bench_decode_kernel.py --warps 4 8, 2026-12-06), so 4 stays;
-# device.decode_attention_warps sets it for a rank.
+# Warps a decode program runs with. As launched (Triton specializing the pointers and strides
+# divisible by 16, which the engine's all are), a program at 4 takes 126 registers for sm_90,
+# 38 KiB of shared memory and copies each key tile in with cp.async a tile ahead, no spills; at
+# 8, 79 registers (tools/decode_attention_sass.py). The H100 measured 8 no faster, and slower at
+# 64 sequences (74% of copy bandwidth against 87%; tools/bench_decode_kernel.py --warps 4 8,
+# 2026-12-06), so 4 stays; device.decode_attention_warps sets it for a rank.
 DECODE_WARPS = 4
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
