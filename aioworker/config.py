@@ -130,6 +130,13 @@ class DeviceOptions(_Section):
     # registers a thread for sm_90, 8: 79; neither spills). The H100 measured 8 no faster
     # (docs/benchmarks.md, 2026-12-06).
     decode_attention_warps: Literal[4, 8] = 4
+    # CUDA, attention_backend auto or triton: the decode attention kernel's pipelining depth
+    # (Triton's num_stages; 0: Triton's default, which copies one key tile ahead; 5: two).
+    decode_attention_stages: int = 0
+    # CUDA, attention_backend auto or triton: the order of decode attention's programs.
+    # "sequences": one KV head's sequences neighbour each other; "heads": a sequence's KV heads
+    # do, reading the same cache rows at about the same time.
+    decode_attention_order: Literal["sequences", "heads"] = "sequences"
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -425,6 +432,11 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "
                 "batch to launch with PDL (1 or more; device.pdl = false switches it off)"
+            )
+        if not 0 <= device.decode_attention_stages <= 8:
+            raise ConfigError(
+                f"device.decode_attention_stages is {device.decode_attention_stages}; give 0 "
+                "(Triton's default) or a pipelining depth of 1 to 8"
             )
 
     def _check_launcher(self) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from dataclasses import dataclass
 
 import torch
 
@@ -31,7 +30,7 @@ from aioworker.bench.gpu import _copy_bytes_per_s, _time_cuda
 from aioworker.bench.report import format_table
 from aioworker.compute.layers.attention.triton_decode import (
     DECODE_WARPS,
-    TILE_N,
+    DecodeBuild,
     choose_num_splits,
     paged_decode,
 )
@@ -62,34 +61,24 @@ def cache(
     return k, v, tables
 
 
-@dataclass(frozen=True)
-class Variant:
-    """A build of our kernel: warps a program, Triton's pipelining depth (None: its default),
-    keys a tile, and the grid's order (a sequence's KV heads neighbours, or not)."""
-
-    warps: int
-    stages: int | None
-    tile: int
-    heads_first: bool
-
-    @classmethod
-    def parse(cls, text: str) -> Variant:
-        warps, stages, tile, order = text.split(":")
-        if order not in ("seq", "heads"):
-            raise SystemExit(f"--variants {text}: ORDER is seq or heads")
-        return cls(int(warps), None if stages == "-" else int(stages), int(tile), order == "heads")
-
-    def __str__(self) -> str:
-        stages = "default" if self.stages is None else self.stages
-        order = ", heads first" if self.heads_first else ""
-        return f"{self.warps} warps, stages {stages}, tile {self.tile}{order}"
+def parse_build(text: str) -> DecodeBuild:
+    """WARPS:STAGES:TILE:ORDER (STAGES `-`: Triton's default; ORDER seq or heads)."""
+    warps, stages, tile, order = text.split(":")
+    if order not in ("seq", "heads"):
+        raise SystemExit(f"--variants {text}: ORDER is seq or heads")
+    stages = None if stages == "-" else int(stages)
+    return DecodeBuild(int(warps), stages, int(tile), order == "heads")
 
 
-def ours(q, k, v, tables, lens, splits, variant: Variant):
-    return lambda: paged_decode(
-        q, k, v, tables, lens, q.shape[-1] ** -0.5, splits, num_warps=variant.warps,
-        tile_n=variant.tile, num_stages=variant.stages, heads_first=variant.heads_first,
-    )  # fmt: skip
+def describe(build: DecodeBuild) -> str:
+    stages = "default" if build.stages is None else build.stages
+    order = ", heads first" if build.heads_first else ""
+    return f"{build.warps} warps, stages {stages}, tile {build.tile}{order}"
+
+
+def ours(q, k, v, tables, lens, splits, build: DecodeBuild):
+    scale = q.shape[-1] ** -0.5
+    return lambda: paged_decode(q, k, v, tables, lens, scale, splits, build=build)
 
 
 def xformers(q, k, v, tables, lens, block_size):
@@ -130,8 +119,8 @@ def main() -> None:
         help="the length the splits are chosen for, as the engine's graphs choose them (W4: 4096)",
     )
     args = parser.parse_args()
-    variants = [Variant.parse(v) for v in args.variants or []] or [
-        Variant(warps, None, TILE_N, False) for warps in args.warps
+    variants = [parse_build(v) for v in args.variants or []] or [
+        DecodeBuild(warps=warps) for warps in args.warps
     ]
     copy_bw = _copy_bytes_per_s()
     heads_kv, head_dim = 8, 128
@@ -147,8 +136,11 @@ def main() -> None:
             k, v, tables = cache(num_seqs, longest, block_size, heads_kv, head_dim, scattered)
             chosen = choose_num_splits(num_seqs, heads_kv, max(longest, args.max_model_len), sms)
             candidates = [
-                (f"ours: {variant}, {splits} splits", ours(q, k, v, tables, lens, splits, variant))
-                for variant in variants
+                (
+                    f"ours: {describe(build)}, {splits} splits",
+                    ours(q, k, v, tables, lens, splits, build),
+                )
+                for build in variants
                 for splits in (args.splits or [chosen])
             ]
             if block_size == 64 and scattered:

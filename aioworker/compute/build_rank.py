@@ -299,12 +299,7 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
     def make_runner(num_blocks: int, capture: int = 0) -> CudaModelRunner:
         return CudaModelRunner(
             model,
-            select_cuda_backend(
-                config.device.attention_backend,
-                config.cache.block_size,
-                config.device.fused_rope_attention,
-                config.device.decode_attention_warps,
-            ),
+            select_cuda_backend(config.device, config.cache.block_size),
             Sampler(config.model.seed, device),
             device,
             build.tp,

@@ -144,23 +144,37 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
     assert outputs[True] == outputs[False]
 
 
-def test_decode_attention_at_eight_warps_keeps_the_tokens_through_graphs(tmp_path) -> None:
-    """device.decode_attention_warps = 8: the same greedy tokens as the defaults (4), float32,
-    through the graphs (batch 1 splits the context most) and eager steps (12 requests)."""
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"device.decode_attention_warps": 8},
+        {"device.decode_attention_stages": 5},
+        {"device.decode_attention_order": "heads"},
+    ],
+)
+def test_other_decode_attention_builds_keep_the_tokens_through_graphs(tmp_path, setting) -> None:
+    """A decode attention build other than the default (8 warps, two key tiles buffered, a
+    sequence's KV heads neighbours): the same greedy tokens as the defaults, float32, through
+    the graphs (batch 1 splits the context most) and eager steps (12 requests)."""
+    from aioworker.compute.layers.attention.triton_decode import DecodeBuild
+
     build_tiny_model("qwen3", tmp_path)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = {}
-    for warps in (4, 8):
-        eng = engine(tmp_path, **{"model.dtype": "float32", "device.decode_attention_warps": warps})
+    outputs = []
+    for settings in ({}, setting):
+        eng = engine(tmp_path, **{"model.dtype": "float32", **settings})
         try:
-            assert eng.executor.runner.backend.decode_warps == warps
-            outputs[warps] = [
-                [c.token_ids for c in eng.generate(batch, params)]
-                for batch in (prompts(384)[:1], prompts(384) * 3)
-            ]
+            build = eng.executor.runner.backend.decode_build
+            assert (build != DecodeBuild()) == bool(settings)
+            outputs.append(
+                [
+                    [c.token_ids for c in eng.generate(batch, params)]
+                    for batch in (prompts(384)[:1], prompts(384) * 3)
+                ]
+            )
         finally:
             eng.close()
-    assert outputs[8] == outputs[4]
+    assert outputs[1] == outputs[0]
 
 
 def test_prefix_caching_and_samples_equal_caching_off_with_graphs(tmp_path) -> None:

@@ -12,7 +12,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from aioworker.compute.layers.attention.triton_decode import TILE_N, paged_decode  # noqa: E402
+from aioworker.compute.layers.attention.triton_decode import (  # noqa: E402
+    TILE_N,
+    DecodeBuild,
+    paged_decode,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -89,8 +93,8 @@ def test_paged_decode_matches_reference(
 
 @pytest.mark.parametrize(("tile_n", "heads_first", "num_splits"), [(32, True, 1), (16, False, 3)])
 def test_other_builds_of_the_kernel_give_the_reference(tile_n, heads_first, num_splits) -> None:
-    """The builds tools/bench_decode_kernel.py times (keys a tile, the grid's order): the
-    reference's output, tiles and splits crossing the sequences' ends."""
+    """Other builds (keys a tile, the grid's order): the reference's output, tiles and splits
+    crossing the sequences' ends."""
     generator = torch.Generator().manual_seed(tile_n + num_splits)
     num_heads, num_kv_heads, head_dim, block_size = 8, 2, 32, 16
     context_lens, _, block_tables = sequences(generator, None, block_size)
@@ -102,7 +106,7 @@ def test_other_builds_of_the_kernel_give_the_reference(tile_n, heads_first, num_
     to = lambda t: t.to(DEVICE)  # noqa: E731
     out = paged_decode(
         to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens),
-        head_dim**-0.5, num_splits, tile_n=tile_n, heads_first=heads_first,
+        head_dim**-0.5, num_splits, build=DecodeBuild(tile=tile_n, heads_first=heads_first),
     )  # fmt: skip
     error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
     assert error < 1e-5, error

@@ -6,23 +6,27 @@ from typing import Any
 
 from aioworker.compute.layers.attention.backend import AttentionBackend
 from aioworker.compute.layers.attention.torch_backend import TorchAttentionBackend
+from aioworker.config import DeviceOptions
 
 __all__ = ["AttentionBackend", "AttentionContext", "TorchAttentionBackend", "select_cuda_backend"]
 
 
-def select_cuda_backend(
-    name: str,
-    block_size: int,
-    rope_in_decode: bool = False,
-    decode_warps: int = 4,
-) -> AttentionBackend:
-    """`auto` and `triton`: our Triton paged decode (`rope_in_decode`: a decode step's norms,
-    rotary and cache write inside it; `decode_warps`: its programs' warps); `xformers`:
-    xformers' paged decode kernel. Both prefill through FlashAttention-2's varlen kernel."""
+def select_cuda_backend(options: DeviceOptions, block_size: int) -> AttentionBackend:
+    """The CUDA backend `options.attention_backend` names. `auto` and `triton`: our Triton paged
+    decode, built as the device.decode_attention_* settings say (fused_rope_attention: a decode
+    step's norms, rotary and cache write inside it); `xformers`: xformers' paged decode kernel.
+    Both prefill through FlashAttention-2's varlen kernel."""
+    name = options.attention_backend
     if name in ("auto", "triton"):
         from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
+        from aioworker.compute.layers.attention.triton_decode import DecodeBuild
 
-        return CudaAttentionBackend(block_size, rope_in_decode, decode_warps)
+        build = DecodeBuild(
+            warps=options.decode_attention_warps,
+            stages=options.decode_attention_stages or None,
+            heads_first=options.decode_attention_order == "heads",
+        )
+        return CudaAttentionBackend(block_size, options.fused_rope_attention, build)
     if name == "xformers":
         from aioworker.compute.layers.attention.xformers_backend import XformersAttentionBackend
 

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.compute.layers.attention.triton_decode import DECODE_WARPS, RopeIn, paged_decode
+from aioworker.compute.layers.attention.triton_decode import (
+    DEFAULT_BUILD,
+    DecodeBuild,
+    RopeIn,
+    paged_decode,
+)
 from aioworker.compute.layers.fused import qkv_rope_cache_
 
 try:
@@ -65,11 +70,11 @@ class CudaAttentionBackend:
         self,
         block_size: int,
         rope_in_decode: bool = False,
-        decode_warps: int = DECODE_WARPS,
+        decode_build: DecodeBuild = DEFAULT_BUILD,
     ) -> None:
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
-        self.decode_warps = decode_warps  # device.decode_attention_warps
+        self.decode_build = decode_build  # device.decode_attention_*
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
@@ -132,7 +137,7 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
-            num_warps=self.decode_warps,
+            build=self.decode_build,
         )
 
 

@@ -227,6 +227,23 @@ DECODE_WARPS = 4
 MAX_QUERIES = 16
 
 
+@dataclass(frozen=True)
+class DecodeBuild:
+    """How the decode programs are compiled and laid out: warps a program, Triton's pipelining
+    depth (None: its default, which buffers one key tile; 5 buffers two), keys a tile, and the
+    grid's order (`heads_first`: a sequence's KV heads in neighbouring programs, which read the
+    same cache rows, instead of one KV head's sequences). The device.decode_attention_* settings
+    choose it for a rank; tools/bench_decode_kernel.py times the others."""
+
+    warps: int = DECODE_WARPS
+    stages: int | None = None
+    tile: int = TILE_N
+    heads_first: bool = False
+
+
+DEFAULT_BUILD = DecodeBuild()
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
     """Enough programs to fill the GPU twice over, and no split shorter than two tiles."""
     programs = num_seqs * num_kv_heads
@@ -246,10 +263,7 @@ def paged_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     queries: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     rope_in: RopeIn | None = None,
-    num_warps: int = DECODE_WARPS,
-    tile_n: int = TILE_N,
-    num_stages: int | None = None,
-    heads_first: bool = False,
+    build: DecodeBuild = DEFAULT_BUILD,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [num_blocks, block_size, Hkv, D]; block_tables: [B, max_blocks]
     int32; context_lens: [B] int32 (>= 1), each including the sequence's query tokens. One
@@ -258,9 +272,7 @@ def paged_decode(
     positions, on consecutive rows of q. Returns [T, Hq, D]. Launches only: safe to capture in a
     CUDA graph when `out` and `workspace` are static. `rope_in`: q, k and v are raw (RopeIn);
     the kernel norms and rotates them and writes the new k and v to the cache itself.
-    `num_warps`: the decode programs' (DECODE_WARPS says why it is a parameter). `tile_n`,
-    `num_stages` (Triton's pipelining depth; None: its default) and `heads_first` (the grid's
-    order) are there for tools/bench_decode_kernel.py to time against the defaults."""
+    `build`: how the decode programs are compiled and laid out (DecodeBuild)."""
     num_rows, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -288,8 +300,10 @@ def paged_decode(
         l_strides = (lse.stride(0), lse.stride(1))
     options = launch_options()
     new = _rope_in_arguments(rope_in, q)
-    grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
-    stages = {} if num_stages is None else {"num_stages": num_stages}
+    grid = (batch, num_kv_heads, num_splits)
+    if build.heads_first:
+        grid = (num_kv_heads, batch, num_splits)
+    stages = {} if build.stages is None else {"num_stages": build.stages}
     _decode_partial[grid](
         q, k_cache, v_cache, block_tables, context_lens, query_starts, query_lens, partial, lse,
         scale,
@@ -305,7 +319,7 @@ def paged_decode(
         MULTI=queries is not None,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
+        TILE_N=build.tile,
         DIRECT=direct,
         # float32 caches (tests, CPU-exact runs) keep full precision; tf32 would cost 1e-3.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -313,8 +327,8 @@ def paged_decode(
         ROPE_IN=rope_in is not None,
         HAS_NORM=rope_in is not None and rope_in.q_weight is not None,
         QUERIES_P2=triton.next_power_of_2(max_queries),
-        HEADS_FIRST=heads_first,
-        num_warps=num_warps,
+        HEADS_FIRST=build.heads_first,
+        num_warps=build.warps,
         **stages,
         **options,
     )  # fmt: skip
