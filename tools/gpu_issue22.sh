@@ -55,6 +55,9 @@
 #   tools/gpu_issue22.sh attn     decode attention's builds (pipelining depth, keys a tile, the grid's
 #                                 order, warps) at W1's large steps and the 8B's batches 1 and 8,
 #                                 blocks scattered and consecutive
+#   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
+#                                 SETTING (e.g. device.decode_attention_stages=5) against the
+#                                 defaults (three runs a side)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -300,6 +303,20 @@ case "${1:-}" in
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; tail -3 "$out/attn_w1.log" | grep -v "^|"
     echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
     ;;
+  attn_w1)  # the builds' GPU tests, then W1: the defaults against each setting given
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/test_gpu.py \
+      tests/compute/test_triton_decode.py -k "decode_attention_builds or other_builds or paged_decode" \
+      > "$out/gpu_tests.log" 2>&1
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
+    for setting in "${@:2}"; do
+      name=$(printf %s "${setting##*.}" | tr -c 'a-z0-9_' '_')
+      timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+        --workload w1 --no-reference --record docs/benchmarks.md --candidate "$setting" \
+        > "$out/w1_$name.log" 2>&1
+      cp docs/benchmarks.md "$out/"
+      echo "== w1 $setting"; tail -7 "$out/w1_$name.log"
+    done
+    ;;
   one)  # one call for a session with little device time: the GPU tests of the decode kernel, 8
         # warps, the products in a graph, and graphs equal eager; W4 of bf16, fp8 and wint4 on
         # the 8B and the 0.6B with PDL in graphs of up to 8 sequences (three runs a side; wint8
@@ -335,6 +352,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1" >&2; exit 2 ;;
 esac
 exit 0
