@@ -53,8 +53,8 @@
 #                                 batches, spread contexts against equal (4 and 8 warps; 1, 2 and
 #                                 4 splits), and a 200-sequence step profiled
 #   tools/gpu_issue22.sh attn     decode attention's builds (pipelining depth, keys a tile, the grid's
-#                                 order, warps) at W1's large steps and the 8B's batches 1 and 8,
-#                                 blocks scattered and consecutive
+#                                 order, warps) at W1's large steps and the 8B's batches 8 and 64,
+#                                 each timed in a CUDA graph
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_stages=5) against the
 #                                 defaults (three runs a side)
@@ -293,13 +293,11 @@ case "${1:-}" in
     echo "== decode kernel"; grep -E "^\||copy" "$out/w1_kernel.log"; echo "== profile"; tail -30 "$out/w1_profile.log"
     ;;
   attn)  # decode attention's builds against the default (bench_decode_kernel.py --variants)
-    variants="4:-:64:seq 4:5:64:seq 4:5:32:seq 4:-:128:seq 4:-:64:heads 4:5:64:heads 8:5:64:seq"
+    variants="4:-:64:seq 4:5:64:seq 4:-:128:seq 4:-:64:heads 8:-:64:seq"
     timeout 200 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
-      --max-model-len 2048 --spread --pages 16 --tables scattered ordered --variants $variants \
-      > "$out/attn_w1.log" 2>&1
-    timeout 150 python3 tools/bench_decode_kernel.py --heads 32 --seqs 1 8 --context 1088 \
-      --max-model-len 4096 --pages 16 --tables scattered ordered --variants $variants \
-      > "$out/attn_8b.log" 2>&1
+      --max-model-len 2048 --spread --pages 16 64 --variants $variants > "$out/attn_w1.log" 2>&1
+    timeout 150 python3 tools/bench_decode_kernel.py --heads 32 --seqs 8 64 --context 1088 \
+      --max-model-len 4096 --pages 16 --variants $variants > "$out/attn_8b.log" 2>&1
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; tail -3 "$out/attn_w1.log" | grep -v "^|"
     echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
     ;;
