@@ -127,16 +127,13 @@ class DeviceOptions(_Section):
     # layer (W4 on the H200: 2-3% faster at batch 1, docs/benchmarks.md).
     fused_rope_attention: bool = True
     # CUDA, attention_backend auto or triton: warps a decode attention program runs with (4: 126
-    # registers a thread for sm_90, 8: 79; neither spills). The H100 measured 8 no faster
+    # registers a thread for sm_90, 8: 79; neither spills). The H100 measured 8 slower
     # (docs/benchmarks.md, 2026-12-06).
     decode_attention_warps: Literal[4, 8] = 4
     # CUDA, attention_backend auto or triton: the decode attention kernel's pipelining depth
-    # (Triton's num_stages; 0: Triton's default, which copies one key tile ahead; 5: two).
+    # (Triton's num_stages; 0: Triton's default, which copies one key tile ahead; 5: two). The
+    # H100 measured 5 no faster (W1 0.998x, docs/benchmarks.md); an H200 has yet to.
     decode_attention_stages: int = 0
-    # CUDA, attention_backend auto or triton: the order of decode attention's programs.
-    # "sequences": one KV head's sequences neighbour each other; "heads": a sequence's KV heads
-    # do, reading the same cache rows at about the same time.
-    decode_attention_order: Literal["sequences", "heads"] = "sequences"
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -28,7 +28,6 @@ def test_shipped_default_config_loads() -> None:
         ("[device]\ndecode_attention_warps = 6\n", r"\$.device.decode_attention_warps"),
         ("[device]\npdl_max_batch = 0\n", "device.pdl_max_batch is 0"),
         ("[device]\ndecode_attention_stages = 9\n", "device.decode_attention_stages is 9"),
-        ("[device]\ndecode_attention_order = 'rows'\n", r"\$.device.decode_attention_order"),
         ("not toml ===", "not valid TOML"),
         (
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",

@@ -22,9 +22,7 @@ def select_cuda_backend(options: DeviceOptions, block_size: int) -> AttentionBac
         from aioworker.compute.layers.attention.triton_decode import DecodeBuild
 
         build = DecodeBuild(
-            warps=options.decode_attention_warps,
-            stages=options.decode_attention_stages or None,
-            heads_first=options.decode_attention_order == "heads",
+            warps=options.decode_attention_warps, stages=options.decode_attention_stages or None
         )
         return CudaAttentionBackend(block_size, options.fused_rope_attention, build)
     if name == "xformers":

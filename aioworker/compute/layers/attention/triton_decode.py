@@ -219,9 +219,10 @@ TILE_N = 64
 # Warps a decode program runs with. As launched (Triton specializing the pointers and strides
 # divisible by 16, which the engine's all are), a program at 4 takes 126 registers for sm_90,
 # 38 KiB of shared memory and copies each key tile in with cp.async a tile ahead, no spills; at
-# 8, 79 registers (tools/decode_attention_sass.py). The H100 measured 8 no faster, and slower at
-# 64 sequences (74% of copy bandwidth against 87%; tools/bench_decode_kernel.py --warps 4 8,
-# 2026-12-06), so 4 stays; device.decode_attention_warps sets it for a rank.
+# 8, 79 registers (tools/decode_attention_sass.py). The H100 measured 8 slower everywhere (timed
+# in graphs: 93% of copy bandwidth against 94% at W1's large steps, 80% against 95% at the 8B's
+# 64 sequences; docs/benchmarks.md, 2026-12-06 18:30), so 4 stays; device.decode_attention_warps
+# sets it for a rank.
 DECODE_WARPS = 4
 # Query tokens per sequence the kernel takes at most (a verify step's drafts + 1).
 MAX_QUERIES = 16
@@ -232,8 +233,9 @@ class DecodeBuild:
     """How the decode programs are compiled and laid out: warps a program, Triton's pipelining
     depth (None: its default, which buffers one key tile; 5 buffers two), keys a tile, and the
     grid's order (`heads_first`: a sequence's KV heads in neighbouring programs, which read the
-    same cache rows, instead of one KV head's sequences). The device.decode_attention_* settings
-    choose it for a rank; tools/bench_decode_kernel.py times the others."""
+    same cache rows, instead of one KV head's sequences). device.decode_attention_warps and
+    decode_attention_stages choose it for a rank; tools/bench_decode_kernel.py times the
+    others (docs/benchmarks.md: none measured faster everywhere)."""
 
     warps: int = DECODE_WARPS
     stages: int | None = None
