@@ -28,6 +28,7 @@ import statistics
 import torch
 
 from aioworker.bench.gpu import _copy_bytes_per_s
+from aioworker.bench.gpu_spec import replay_ms
 from aioworker.bench.report import format_table
 from aioworker.compute.layers.attention.triton_decode import (
     DECODE_WARPS,
@@ -97,15 +98,7 @@ def graph_seconds(fn, replays: int = 20, repeats: int = 10) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000 / replays)
+    times = [replay_ms(graph, replays) / 1000 for _ in range(repeats)]
     return statistics.median(times)
 
 
