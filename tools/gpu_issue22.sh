@@ -55,6 +55,9 @@
 #   tools/gpu_issue22.sh attn     decode attention's builds (pipelining depth, keys a tile, the grid's
 #                                 order, warps) at W1's large steps and the 8B's batches 8 and 64,
 #                                 each timed in a CUDA graph
+#   tools/gpu_issue22.sh goals    one call for an H200: W4 of every format (the goals table's
+#                                 defaults) against PDL in graphs of up to 8 sequences, W1 (the
+#                                 defaults) against two key tiles buffered in decode attention
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_stages=5) against the
 #                                 defaults (three runs a side)
@@ -301,6 +304,15 @@ case "${1:-}" in
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; tail -3 "$out/attn_w1.log" | grep -v "^|"
     echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
     ;;
+  goals)  # the goals table and the two pending settings, in one call (W4_S: W4's time limit)
+    w4 none,fp8,wint8,wint4 "${W4_S:-300}" goals --candidate device.pdl_max_batch=8
+    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+      --workload w1 --no-reference --record docs/benchmarks.md \
+      --candidate device.decode_attention_stages=5 > "$out/w1_stages.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    echo "== w4 (defaults against pdl_max_batch=8)"; tail -12 "$out/w4_goals.log"
+    echo "== w1 (defaults against decode_attention_stages=5)"; tail -7 "$out/w1_stages.log"
+    ;;
   attn_w1)  # the builds' GPU tests, then W1: the defaults against each setting given
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/test_gpu.py \
       tests/compute/test_triton_decode.py -k "decode_attention_builds or other_builds or paged_decode" \
@@ -350,6 +362,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals" >&2; exit 2 ;;
 esac
 exit 0
