@@ -169,7 +169,9 @@ def w1_tokens_per_s(
     engine, logprobs: int | None = None, timeline: StepTimeline | None = None
 ) -> tuple[float, int]:
     """nano-vllm's bench.py draws; `logprobs`: each sampled token's logprob and top k too;
-    `timeline`: records the timed run's steps (step_timeline.py)."""
+    `timeline`: records the timed run's steps (step_timeline.py). The timed run starts with
+    nothing in the prefix cache: every run draws the same prompts, so without that a run
+    after the first (or after the warm-up, for its prompts) would skip their prefill."""
     rng = random.Random(0)
     num_seqs = 256
     prompts = [random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(num_seqs)]
@@ -184,6 +186,7 @@ def w1_tokens_per_s(
     ]
     # Warm-up, with the same options: the first logprobs step compiles their kernel.
     engine.generate(prompts[:4], SamplingParams(max_tokens=8, logprobs=logprobs))
+    engine.core.reset_prefix_cache()
     with timeline if timeline is not None else contextlib.nullcontext():
         started = time.perf_counter()
         engine.generate(prompts, params)

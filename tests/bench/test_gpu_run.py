@@ -1,5 +1,6 @@
 """W1 against a candidate (the GPU parts replaced): one engine per side, built with the side's
-settings, its runs' median in the table, and the ratio in the notes."""
+settings, its runs' median in the table, and the ratio in the notes. A W1 run starts with an
+empty prefix cache."""
 
 from __future__ import annotations
 
@@ -24,3 +25,29 @@ def test_w1_candidate_builds_an_engine_per_side_and_reports_medians(monkeypatch)
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     assert "110" in rows["defaults"] and "140" in rows["candidate"]
     assert "device.pdl=True" in notes and "1.273" in notes
+
+
+class _RecordingEngine:
+    """Records generate calls and prefix-cache resets, in order; `core` is itself."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.core = self
+
+    def generate(self, prompts, params):
+        self.calls.append(f"generate {len(prompts)}")
+        return []
+
+    def reset_prefix_cache(self) -> int:
+        self.calls.append("reset")
+        return 0
+
+
+def test_a_w1_run_starts_with_nothing_cached() -> None:
+    """Every run draws the same prompts: the cache is emptied after the warm-up, right before
+    the timed run, so no run reuses a prefill from an earlier one (the candidate's runs on
+    one engine did before 2026-12-06)."""
+    engine = _RecordingEngine()
+    for _ in range(2):
+        gpu.w1_tokens_per_s(engine)
+    assert engine.calls == ["generate 4", "reset", "generate 256"] * 2
