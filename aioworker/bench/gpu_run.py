@@ -67,6 +67,7 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
     cfg = load_model_config(gpu.QWEN3_06B)
     engine = gpu.make_engine(gpu.QWEN3_06B, 2048)
     runs: dict[str, list[float]] = {name: [] for name in W1_VARIANTS}
+    breakdowns: list[str] = []  # the plain runs', in order
     for _ in range(W1_REPEATS):
         for name, (logprobs, cached) in W1_VARIANTS.items():
             gpu_prefix.set_prefix_caching(engine, cached)
@@ -74,7 +75,7 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
             tokens_per_s, total = gpu.w1_tokens_per_s(engine, logprobs, timeline)
             runs[name].append(tokens_per_s)
             if name == "aioworker":
-                breakdown = timeline.summary()
+                breakdowns.append(timeline.summary())
     gpu.free(engine)
     median = {name: statistics.median(values) for name, values in runs.items()}
     rows = [[name, f"{median[name]:,.0f}", _runs(runs[name]), f"{total:,}"] for name in runs]
@@ -88,7 +89,8 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
         f"{limits.matmul_flop_per_s / 1e12:.0f} TFLOP/s in this run; KV bytes per token "
         f"{gpu.kv_bytes_per_token(cfg):,}. Where the last plain run's time went, by kind of "
         f"step (host: the engine thread scheduling and taking results; waiting: on the "
-        f"executor, the device's step and the executor thread's work): {breakdown}."
+        f"executor, the device's step and the executor thread's work): {breakdowns[-1]}. "
+        f"The first run on the new engine, for what it pays to warm up: {breakdowns[0]}."
     )
     return format_table(header, rows), notes
 

@@ -4,7 +4,8 @@ empty prefix cache."""
 
 from __future__ import annotations
 
-from aioworker.bench import gpu, gpu_run
+from aioworker.bench import gpu, gpu_prefix, gpu_run
+from aioworker.bench.step_timeline import StepRecord
 
 
 def test_w1_candidate_builds_an_engine_per_side_and_reports_medians(monkeypatch) -> None:
@@ -51,3 +52,28 @@ def test_a_w1_run_starts_with_nothing_cached() -> None:
     for _ in range(2):
         gpu.w1_tokens_per_s(engine)
     assert engine.calls == ["generate 4", "reset", "generate 256"] * 2
+
+
+def test_plain_w1_reports_the_first_runs_breakdown_beside_the_last(monkeypatch) -> None:
+    """The first run on a new engine pays its warm-up (6-20% slower on the GPU): its steps by
+    kind are printed beside the last plain run's, so the two can be compared."""
+    calls = []
+
+    def fake_run(engine, logprobs=None, timeline=None):
+        calls.append(logprobs)
+        prefill_tokens = 100 * len(calls)  # each run's steps differ, so the summaries do
+        timeline.steps.append(StepRecord(4, prefill_tokens, 0.5 + len(calls), 0.1))
+        return 1000.0 + len(calls), 5000
+
+    monkeypatch.setattr(gpu_run, "load_model_config", lambda path: None)
+    monkeypatch.setattr(gpu, "kv_bytes_per_token", lambda cfg: 114_688)
+    monkeypatch.setattr(gpu, "make_engine", lambda *args, **kwargs: "engine")
+    monkeypatch.setattr(gpu, "free", lambda engine: None)
+    monkeypatch.setattr(gpu, "w1_tokens_per_s", fake_run)
+    monkeypatch.setattr(gpu_prefix, "set_prefix_caching", lambda engine, on: None)
+    limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
+    _, notes = gpu_run.run_w1(limits)
+    plain_runs = len(gpu_run.W1_VARIANTS) * (gpu_run.W1_REPEATS - 1) + 1  # the last plain run
+    last, first = notes.split("warm up: ")[0], notes.split("warm up: ")[1]
+    assert f"{0.6 + plain_runs:.2f} s" in last.split("time went")[1]
+    assert "1.60 s" in first and f"{0.6 + plain_runs:.2f} s" not in first
