@@ -112,12 +112,15 @@ def test_other_builds_of_the_kernel_give_the_reference(tile_n, heads_first, num_
     assert error < 1e-5, error
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(
+    ("num_splits", "build"),
+    [(1, DecodeBuild()), (3, DecodeBuild()), (3, DecodeBuild(tile=32, heads_first=True))],
+)
 def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
-    num_splits,
+    num_splits, build
 ) -> None:
     """A verify step's rows: each query token of a sequence attends causally, like a decode of
-    its own position (the reference, row by row)."""
+    its own position (the reference, row by row), in the default build and another."""
     generator = torch.Generator().manual_seed(7 + num_splits)
     num_heads, num_kv_heads, head_dim, block_size, num_blocks = 8, 2, 32, 16, 64
     context_lens = torch.tensor([5, TILE_N + 5, 3 * TILE_N, 17], dtype=torch.int32)
@@ -141,7 +144,7 @@ def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(
     queries = (to(starts.int()), to(query_lens), int(query_lens.max()))
     out = paged_decode(
         to(q), to(k_cache), to(v_cache), to(block_tables.int()), to(context_lens), scale,
-        num_splits, queries=queries,
+        num_splits, queries=queries, build=build,
     )  # fmt: skip
     error = ((out.double().cpu() - expected).norm() / expected.norm()).item()
     assert error < 1e-5, error
