@@ -305,7 +305,7 @@ case "${1:-}" in
     echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
     ;;
   goals)  # the goals table and the two pending settings, in one call (W4_S: W4's time limit)
-    w4 none,fp8,wint8,wint4 "${W4_S:-300}" goals --candidate device.pdl_max_batch=8
+    w4 none,fp8,wint8,wint4 "${W4_S:-330}" goals --candidate device.pdl_max_batch=8
     timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md \
       --candidate device.decode_attention_stages=5 > "$out/w1_stages.log" 2>&1
