@@ -26,23 +26,18 @@ import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests/compute/layers"))
+
+from pdl_compile import HOPPER, signature_of  # noqa: E402
 
 from aioworker.bench.report import format_table  # noqa: E402
 from aioworker.compute.layers.attention import triton_decode  # noqa: E402
 
-HOPPER = GPUTarget("cuda", 90, 32)
 KERNEL = triton_decode._decode_partial
-# Pointer types by name (the rest are bf16 tensors); float arguments; every other is an i32.
-POINTERS = {
-    "cos_ptr": "*fp32", "sin_ptr": "*fp32", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32",
-    "query_starts_ptr": "*i32", "query_lens_ptr": "*i32", "lse_ptr": "*fp32",
-}  # fmt: skip
-FLOATS = {"eps", "scale"}
 OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
@@ -55,14 +50,7 @@ def compile_build(group: int, warps: int, stages: int | None, tile: int, rope: b
         "DOT_PRECISION": "tf32", "PDL": False, "ROPE_IN": rope, "HAS_NORM": rope,
         "QUERIES_P2": 1, "HEADS_FIRST": False,
     }  # fmt: skip
-    signature = {}
-    for name in KERNEL.arg_names:
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = POINTERS.get(name, "*bf16")
-        else:
-            signature[name] = "fp32" if name in FLOATS else "i32"
+    signature = signature_of(KERNEL, constants)
     names = list(signature)
     aligned = [n for n in names if n.endswith("_ptr") or n.startswith("stride_")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned} if hints else {}

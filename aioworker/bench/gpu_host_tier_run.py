@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aioworker.bench import gpu, gpu_host_tier, gpu_prefix
+from aioworker.bench import gpu, gpu_host_tier
 from aioworker.bench.report import format_table
 from aioworker.checkpoint.model_config import load_model_config
 from aioworker.config import CacheOptions
@@ -68,11 +68,11 @@ class W1Side:
 
 def w1_side(host_kv_bytes: int) -> W1Side:
     """W1's draws and engine (gpu_run.run_w1), with `cache.host_kv_bytes` set; both tiers
-    forget the last run's blocks before each run, so nothing is reused across runs."""
+    forget the last run's blocks before each run (w1_tokens_per_s empties the prefix cache), so
+    nothing is reused across runs."""
     engine = gpu.make_engine(gpu.QWEN3_06B, 2048, **{"cache.host_kv_bytes": host_kv_bytes})
     rates = []
     for repeat in range(W1_REPEATS):
-        gpu_prefix.set_prefix_caching(engine, True)
         rate, total = gpu.w1_tokens_per_s(engine)
         rates.append(rate)
         _say(f"W1 host tier {host_kv_bytes >> 30} GiB, run {repeat + 1}: {rate:,.0f} tok/s")
