@@ -70,7 +70,8 @@ class LlamaAttention(nn.Module):
                 q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
             )
             out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, q_size))
+        # The decoder layer adds and norms the output next: it may take the split sums.
+        return self.o_proj(out.reshape(num_tokens, q_size), into_norm=True)
 
 
 class LlamaDecoderLayer(nn.Module):
