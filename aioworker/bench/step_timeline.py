@@ -1,6 +1,7 @@
 """Where a run's time goes, step by step (W1's breakdown): each completed step's kind and batch,
 the engine thread's host time for it (scheduling the next steps, taking this one's tokens), and
-the time that thread waited for the executor's result.
+the time that thread waited for the executor's result; and the Triton kernels compiled during
+the run (triton_compiles.py), host time that a warm engine does not pay.
 
 The engine keeps up to two steps in flight, so the executor works while the engine thread
 plans. A kind of step whose wait is near zero is bound by the engine thread; one whose wait is
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from aioworker.bench.triton_compiles import TritonCompiles
 
 # Decode steps grouped by how many sequences they decode (upper bounds).
 BATCH_BUCKETS = (8, 32, 128, 256)
@@ -35,6 +38,7 @@ class StepTimeline:
 
     engine: object
     steps: list[StepRecord] = field(default_factory=list)
+    compiles: TritonCompiles = field(default_factory=TritonCompiles)
     _launch_s: float = 0.0  # launches' time since the last completion
     _last: float = 0.0
     _originals: tuple = ()  # the core's launch and complete, while attached
@@ -43,10 +47,12 @@ class StepTimeline:
         core = self.engine.core
         self._originals = (core.launch, core.complete)
         core.launch, core.complete = self._launch, self._complete
+        self.compiles.__enter__()
         self._last = time.perf_counter()
         return self
 
     def __exit__(self, *_) -> None:
+        self.compiles.__exit__()
         # The core's own methods again: the wrappers were set on the instance only.
         del self.engine.core.launch, self.engine.core.complete
 
@@ -70,7 +76,8 @@ class StepTimeline:
         return outputs
 
     def summary(self) -> str:
-        """Per kind of step: how many, their time and share, and a step's mean host and wait."""
+        """Per kind of step: how many, their time and share, and a step's mean host and wait;
+        then the Triton compiles."""
         groups: dict[str, list[StepRecord]] = {}
         for step in self.steps:
             groups.setdefault(_kind(step), []).append(step)
@@ -85,7 +92,7 @@ class StepTimeline:
                 f"{kind}: {len(steps)} steps, {seconds:.2f} s ({seconds / wall:.0%}), a step "
                 f"{host_ms:.2f} ms host + {wait_ms:.2f} ms waiting on the executor"
             )
-        return "; ".join(parts)
+        return "; ".join([*parts, self.compiles.summary()])
 
 
 def _kind(step: StepRecord) -> str:

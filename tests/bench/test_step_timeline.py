@@ -63,6 +63,7 @@ def test_the_summary_groups_steps_by_kind_and_batch() -> None:
         "executor"
     )
     assert parts[2].startswith("decode of <= 8: 1 steps") and "2.00 ms host + 0.00 ms" in parts[2]
+    assert parts[3] == "no Triton kernel compiled"  # never attached
 
 
 def _counting(schedule, plans: list):
