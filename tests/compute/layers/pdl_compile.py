@@ -20,14 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from aioworker.compute.layers import fused  # noqa: E402
 from aioworker.compute.layers.attention import split_merge, triton_decode  # noqa: E402
-from aioworker.compute.layers.gemv import sums_norm  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # Pointer and float arguments by name; every other argument is an i32.
 POINTERS = {
     "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64", "block_tables_ptr": "*i32",
     "context_lens_ptr": "*i32", "query_starts_ptr": "*i32", "query_lens_ptr": "*i32",
-    "lse_ptr": "*fp32", "partial_ptr": "*fp32", "counter_ptr": "*i32", "scale_ptr": "*fp32",
+    "lse_ptr": "*fp32", "partial_ptr": "*fp32", "counter_ptr": "*i32",
 }  # fmt: skip
 FLOATS = {"eps", "scale"}
 KERNELS = [
@@ -54,10 +53,6 @@ KERNELS = [
         },
     ),  # fmt: skip
     (split_merge.merge_splits, {"SPLITS_PAD": 8, "HEAD_DIM": 128}),
-    (
-        sums_norm._sums_add_rms_norm_kernel,
-        {"SPLITS": 4, "SCALED": True, "HAS_BIAS": False, "HAS_RESIDUAL": True, "BLOCK": 4096},
-    ),
 ]
 
 
