@@ -111,11 +111,6 @@ class DeviceOptions(_Section):
     # qkv and gate/up products that read them (two launches fewer a layer). Off: W4 on the H200
     # measured it 1.05x on Qwen3-0.6B but 0.96x (8B bf16) and 0.81x (8B fp8).
     fused_norm_products: bool = False
-    # CUDA, with small_batch_kernels, one rank: where the o or down product splits K, the
-    # residual add and RMSNorm after it adds the splits' partial sums, so the product's own
-    # reduce kernel is not launched (two launches fewer a layer; same values). A candidate
-    # until a GPU measures it (gemv/split_sums.py).
-    norm_adds_split_sums: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
@@ -425,12 +420,11 @@ class WorkerConfig(_Section):
     def _check_device(self) -> None:
         """Switches that refine another: set without it they would do nothing, silently."""
         device = self.device
-        for refinement in ("fused_norm_products", "norm_adds_split_sums"):
-            if getattr(device, refinement) and not device.small_batch_kernels:
-                raise ConfigError(
-                    f"device.{refinement} works inside the small-batch kernels; set "
-                    f"device.small_batch_kernels = true, or {refinement} = false"
-                )
+        if device.fused_norm_products and not device.small_batch_kernels:
+            raise ConfigError(
+                "device.fused_norm_products fuses the norm into the small-batch kernels; set "
+                "device.small_batch_kernels = true, or fused_norm_products = false"
+            )
         if device.pdl_max_batch < 1:
             raise ConfigError(
                 f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "

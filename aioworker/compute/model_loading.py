@@ -59,11 +59,8 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
     methods = _format_methods(cfg, config, device)
     if device.type not in kernel_devices() or not config.device.small_batch_kernels:
         return methods
-    device_options = config.device
-    projections = small_rows(
-        methods.projections, device_options.fused_norm_products, device_options.norm_adds_split_sums
-    )
-    return LinearMethods(projections, small_rows(methods.lm_head))
+    fuse_norm = config.device.fused_norm_products
+    return LinearMethods(small_rows(methods.projections, fuse_norm), small_rows(methods.lm_head))
 
 
 def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:

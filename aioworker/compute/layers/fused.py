@@ -17,25 +17,6 @@ from aioworker.compute.layers.pdl import launch_options
 
 
 @triton.jit
-def add_norm_row(
-    x, row, cols, mask, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_r, stride_o,
-    stride_ro, num_cols, eps, HAS_RESIDUAL: tl.constexpr, STORE_SUM: tl.constexpr,
-):  # fmt: skip
-    """Row `row`'s (rms_norm(x + residual), x + residual) stored, from x ([BLOCK], its cols):
-    the sum (or x alone, without a residual) goes to residual_out where STORE_SUM."""
-    if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as torch's add rounds
-    if STORE_SUM:
-        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=mask)
-    x32 = x.to(tl.float32)
-    variance = tl.sum(x32 * x32, axis=0) / num_cols
-    normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(x.dtype), mask=mask)
-
-
-@triton.jit
 def _add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_r, stride_o, stride_ro, num_cols, eps,
@@ -46,8 +27,15 @@ def _add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    add_norm_row(x, row, cols, mask, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
-                 stride_r, stride_o, stride_ro, num_cols, eps, HAS_RESIDUAL, HAS_RESIDUAL)  # fmt: skip
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded as torch's add rounds
+        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    variance = tl.sum(x32 * x32, axis=0) / num_cols
+    normed = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(x.dtype), mask=mask)
 
 
 def add_rms_norm(

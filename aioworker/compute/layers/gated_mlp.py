@@ -42,5 +42,4 @@ class GatedMLP(nn.Module):
         """(forward(norm(x + residual)), x + residual), the add and norm inside the gate/up
         product where its method can."""
         h, residual = normed_product(self.gate_up_proj, norm, x, residual, gated=True)
-        # The next layer (or the final norm) adds and norms the output: it may take split sums.
-        return self.down_proj(h, into_norm=True), residual
+        return self.down_proj(h), residual

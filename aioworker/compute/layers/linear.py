@@ -14,7 +14,6 @@ import itertools
 import torch
 from torch import nn
 
-from aioworker.compute.layers.gemv.split_sums import SplitSums
 from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
 from aioworker.compute.layers.param_loading import ParamLoading, blocks, copy_slice, loading_of
 from aioworker.compute.parallel import Shard, TensorParallel
@@ -210,20 +209,7 @@ class RowParallelLinear(MethodLinear):
         _check_shape(tuple(param.shape), loaded, name)
         param.data.copy_(loaded)
 
-    def _alone(self) -> bool:
-        """One rank's product is the whole output, with no bias to add after it."""
-        return self.reduce and self.tp.size == 1 and self.bias is None
-
-    def forward(self, x: torch.Tensor, into_norm: bool = False) -> torch.Tensor | SplitSums:
-        """`into_norm`: the caller hands the output straight to a residual add and RMSNorm
-        (ops.add_rms_norm), which can add a split product's partial sums itself: on one rank,
-        the method may return them unadded (SplitSums, device.norm_adds_split_sums)."""
-        unsummed = getattr(self.linear_method, "apply_unsummed", None)
-        # Not with a bias: this path adds it after the product's rounding, the kernels before.
-        if into_norm and unsummed is not None and self._alone():
-            y = unsummed(self, x)
-            if y is not None:
-                return y
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias joins once, after the reduction, not once per rank.
         if not self.reduce:
             return self.matmul(x, self.bias if self.tp.rank == 0 else None)

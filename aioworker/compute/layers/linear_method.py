@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aioworker.compute.layers.gemv.split_sums import SplitSums
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
 
@@ -112,11 +111,9 @@ def normed_product(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the layer's product of norm(x + residual), x + residual); for `gated`, the product is
     `gated_product`'s. The add and the norm run inside the product's kernel where the layer's
-    method can (`apply_normed`), else first, in a kernel of their own: always where x is a
-    split product's partial sums, which that kernel adds (gemv/split_sums.py)."""
+    method can (`apply_normed`), else first, in a kernel of their own."""
     fused = getattr(layer.linear_method, "apply_normed", None)
-    unsummed = isinstance(x, SplitSums)
-    if fused is not None and not (gated and layer.bias is not None) and not unsummed:
+    if fused is not None and not (gated and layer.bias is not None):
         done = fused(layer, x, residual, norm, gated)
         if done is not None:
             return done

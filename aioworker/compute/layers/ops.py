@@ -6,20 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from aioworker.compute.layers.gemv.split_sums import SplitSums
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.rotary import apply_rotary
 
 
 def add_rms_norm(
-    norm: RMSNorm, x: torch.Tensor | SplitSums, residual: torch.Tensor | None
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer. x may be a
-    split product's partial sums, added in the same kernel (gemv/split_sums.py)."""
-    if isinstance(x, SplitSums):
-        from aioworker.compute.layers.gemv.sums_norm import add_rms_norm_of_sums
-
-        return add_rms_norm_of_sums(x, residual, norm.weight, norm.eps)
+    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer."""
     if x.is_cuda:
         from aioworker.compute.layers import fused
 

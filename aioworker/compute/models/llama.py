@@ -70,8 +70,7 @@ class LlamaAttention(nn.Module):
                 q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
             )
             out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
-        # The decoder layer adds and norms the output next: it may take the split sums.
-        return self.o_proj(out.reshape(num_tokens, q_size), into_norm=True)
+        return self.o_proj(out.reshape(num_tokens, q_size))
 
 
 class LlamaDecoderLayer(nn.Module):

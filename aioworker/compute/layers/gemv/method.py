@@ -7,8 +7,7 @@ says where its kernel operands are (`OPERANDS`); formats without an entry are no
 
 `apply_gated` is the MLP's gate/up product with silu(gate) * up fused into it; `apply_normed`
 takes a product's input before the layer's residual add and RMSNorm and does them in its kernel
-(with `fuse_norm`); `apply_unsummed` leaves a split product's partial sums for the residual add
-and RMSNorm after it to add (with `split_sums`: split_sums.py).
+(with `fuse_norm`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from torch import nn
 from aioworker.compute.layers.cpu_packing import CpuPacked
 from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import tiles_for
-from aioworker.compute.layers.gemv.split_sums import SplitSums
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
 from aioworker.compute.layers.norm import RMSNorm
@@ -95,12 +93,9 @@ def kernel_devices() -> tuple[str, ...]:
 
 
 class SmallRows:
-    def __init__(
-        self, inner: LinearMethod, fuse_norm: bool = False, split_sums: bool = False
-    ) -> None:
+    def __init__(self, inner: LinearMethod, fuse_norm: bool = False) -> None:
         self.inner = inner
         self.fuse_norm = fuse_norm
-        self.split_sums = split_sums
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -140,10 +135,8 @@ class SmallRows:
         gated: bool,
         bias: torch.Tensor | None,
         add_norm: AddNorm | None = None,
-        keep_split: bool = False,
-    ) -> torch.Tensor | SplitSums | None:
-        """The kernels' product ([rows, N]; with keep_split, a split one's SplitSums), or None
-        where they do not take it."""
+    ) -> torch.Tensor | None:
+        """The kernels' product ([rows, N]), or None where they do not take it."""
         if not self._takes(x):
             return None
         operands = self.operands(layer)
@@ -170,8 +163,7 @@ class SmallRows:
         for cut in tried:
             try:
                 y = small_rows_product(rows.contiguous(), weight, cut, operands.scale,
-                                       gated, bias, operands.int4_groups, add_norm,
-                                       keep_split)  # fmt: skip
+                                       gated, bias, operands.int4_groups, add_norm)  # fmt: skip
             except OutOfResources:
                 continue
             self.fitted[key] = cut
@@ -183,16 +175,6 @@ class SmallRows:
     ) -> torch.Tensor:
         y = self._product(layer, x, False, bias)
         return self.inner.apply(layer, x, bias) if y is None else y.reshape(*x.shape[:-1], -1)
-
-    def apply_unsummed(
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor | SplitSums | None:
-        """For a product that a residual add and RMSNorm reads next: where the kernels split K,
-        its partial sums unadded (SplitSums), else its output; None where the kernels do not
-        take it or split_sums is off (the caller multiplies as usual)."""
-        if not self.split_sums or x.dim() != 2:
-            return None
-        return self._product(layer, x, False, bias, keep_split=True)
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """silu(x gate^T) * (x up^T) for a layer holding [gate; up] and no bias."""
@@ -224,14 +206,11 @@ class SmallRows:
         return y, (x if residual_out is None else residual_out)
 
 
-def small_rows(
-    method: LinearMethod, fuse_norm: bool = False, split_sums: bool = False
-) -> LinearMethod:
+def small_rows(method: LinearMethod, fuse_norm: bool = False) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
-    (`apply_normed`); `split_sums`: leave split partial sums to the add and norm after them
-    (`apply_unsummed`)."""
+    (`apply_normed`)."""
     inner = method.format if isinstance(method, QuantizedCopy) else method
     if type(inner) not in OPERANDS:
         return method
-    return SmallRows(method, fuse_norm, split_sums)
+    return SmallRows(method, fuse_norm)

@@ -12,7 +12,6 @@ from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.finish import reduce_kernel
 from aioworker.compute.layers.gemv.kernels import _small_rows_kernel
-from aioworker.compute.layers.gemv.split_sums import SplitSums
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.pdl import launch_options
 from aioworker.compute.layers.quantized.weight_only import INT4_BLOCK
@@ -36,20 +35,15 @@ def small_rows_product(
     bias: torch.Tensor | None = None,
     int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None,
     add_norm: AddNorm | None = None,
-    keep_split: bool = False,
-) -> torch.Tensor | SplitSums:
+) -> torch.Tensor:
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
     (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
     w = (q - 8) s + o; with tiles.blocks, weight is int4's blocks layout ([N, K / 8] int32,
     int4_blocks.py). Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
-    before a residual add and RMSNorm, done in the kernel. keep_split (a plain product: neither
-    gated nor normed): where K is split and not folded, the partial sums are returned unadded
-    (SplitSums), for the next add and norm to add (sums_norm.py)."""
+    before a residual add and RMSNorm, done in the kernel."""
     _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
-    if keep_split and (gated or add_norm is not None):
-        raise ValueError("keep_split leaves a plain product's sums: not gated, not normed")
     num_rows, depth = x.shape
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
@@ -114,36 +108,13 @@ def small_rows_product(
         AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed), **options,
     )  # fmt: skip
     if splits > 1 and not fold:
-        if keep_split:
-            return SplitSums(partial, scale, bias, x.dtype)
-        reduce_splits(partial, scale, bias, out, depth, squares if normed else None, eps, gated)
+        reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
+            partial, placeholder, bias if bias is not None else weight, out, squares, splits,
+            num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
+            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
+            BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
+        )  # fmt: skip
     return out
-
-
-def reduce_splits(
-    partial: torch.Tensor,
-    scale: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    out: torch.Tensor,
-    depth: int,
-    squares: torch.Tensor | None,
-    eps: float,
-    gated: bool = False,
-) -> None:
-    """out = the split partial sums [splits, rows, N (2N gated)] added and finished by
-    reduce_kernel: scaled, biased or gated; with `squares` (the slices' sums of squares of a
-    normed x of `depth` columns), times 1 / rms first."""
-    splits, num_rows, _ = partial.shape
-    channels = out.shape[1]
-    placeholder = scale if scale is not None else partial
-    options = launch_options()
-    reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
-        partial, placeholder, bias if bias is not None else partial, out,
-        squares if squares is not None else partial, splits, num_rows, channels, depth,
-        partial.stride(0), out.stride(0), eps, SCALED=scale is not None,
-        HAS_BIAS=bias is not None, GATED=gated, NORMED=squares is not None,
-        BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
-    )  # fmt: skip
 
 
 def _words(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:

@@ -361,39 +361,6 @@ def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(arch, tm
     assert all(tokens == outputs[0] for tokens in outputs[1:])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_split_sums_added_by_the_norms_equal_the_reduce_kernels_in_graphs(
-    dtype, tmp_path, monkeypatch
-) -> None:
-    """device.norm_adds_split_sums in CUDA graphs with PDL: every product's K split (tiny shapes
-    split on no table), the o and down products' sums added by the norms after them. Greedy
-    tokens equal the reduce kernels' bit for bit (the same roundings), in bf16 too; in float32
-    they equal the torch path's."""
-    from aioworker.compute.layers.gemv import choice
-    from aioworker.compute.layers.gemv.tiles import Tiles
-    from aioworker.core.sampling_params import SamplingParams
-    from tests.tiny_models import build_tiny_model
-
-    build_tiny_model("llama", tmp_path, logit_scale=4.0)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    split_tiles = Tiles(block_n=32, block_k=32, splits=2)
-    outputs = []
-    for kernels, split_sums in ((False, False), (True, False), (True, True)):
-        if kernels:
-            monkeypatch.setattr(choice, "rule_tiles", lambda *shape: split_tiles)
-        choice._choose.cache_clear()
-        settings = {"model.dtype": dtype, "device.norm_adds_split_sums": split_sums}
-        engine = tiny_engine(tmp_path, "none", kernels, **settings)
-        try:
-            outputs.append([c.token_ids for c in engine.generate(prompts(), params)])
-        finally:
-            engine.close()
-            choice._choose.cache_clear()
-    assert outputs[2] == outputs[1]
-    if dtype == "float32":
-        assert outputs[1] == outputs[0]
-
-
 def dequantized_values(layer) -> torch.Tensor:
     """A quantized-on-load layer's weight as the values it means (float32)."""
     from aioworker.compute.layers.quantized.weight_only import dequantize_int4_rows

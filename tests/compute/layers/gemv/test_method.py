@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv import product  # noqa: E402
 from aioworker.compute.layers.gemv.method import SmallRows, small_rows  # noqa: E402
-from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles  # noqa: E402
+from aioworker.compute.layers.gemv.tiles import MAX_ROWS  # noqa: E402
 from aioworker.compute.layers.linear_method import UNQUANTIZED, methods_in  # noqa: E402
 from aioworker.core.sampling_params import SamplingParams  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
@@ -26,12 +26,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
-def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False, split_sums: bool = False):
-    switches = {
-        "device.small_batch_kernels": kernels,
-        "device.fused_norm_products": fuse_norm,
-        "device.norm_adds_split_sums": split_sums,
-    }
+def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False):
+    switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": fuse_norm}
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
@@ -52,10 +48,9 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None, keep_split=False):  # fmt: skip
+                add_norm=None):  # fmt: skip
         normed = "none" if add_norm is None else "add" if add_norm.residual is not None else "norm"
         calls.append((x.shape[0], gated, bias is not None, normed))
-        assert not keep_split  # device.norm_adds_split_sums is off
         return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm)
 
     monkeypatch.setattr(product, "small_rows_product", counted)
@@ -74,38 +69,6 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
         (True, "add"),
         (False, "none"),
     }
-
-
-def test_split_sums_added_by_the_norms_keep_the_greedy_tokens(tmp_path, monkeypatch):
-    """device.norm_adds_split_sums: the o and down products, their K split, leave their partial
-    sums to the add and norm after them, which take them before any norm fused into the next
-    product (device.fused_norm_products, on here); greedy tokens equal the model without the
-    kernels."""
-    from aioworker.compute.layers.gemv import choice, sums_norm
-
-    build_tiny_model("llama", tmp_path, logit_scale=4.0)
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (4, 19)]
-    want = greedy(tmp_path, prompts, kernels=False)
-    split_tiles = Tiles(block_n=64, block_k=32, splits=2)  # the tiny model's products split
-    monkeypatch.setattr(choice, "rule_tiles", lambda *shape: split_tiles)
-    choice._choose.cache_clear()
-    added = []
-    real = sums_norm.add_rms_norm_of_sums
-
-    def counted(sums, *rest):
-        added.append(sums.partial.shape[0])
-        return real(sums, *rest)
-
-    monkeypatch.setattr(sums_norm, "add_rms_norm_of_sums", counted)
-    try:
-        got = greedy(tmp_path, prompts, kernels=True, fuse_norm=True, split_sums=True)
-    finally:
-        choice._choose.cache_clear()
-    assert got == want
-    # o and down, each K in 2 slices: two a layer each decode step, the tiny model's 2 layers,
-    # 11 decode steps.
-    assert added == [2] * 2 * 2 * 11
 
 
 def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:
