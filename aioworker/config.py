@@ -111,6 +111,11 @@ class DeviceOptions(_Section):
     # qkv and gate/up products that read them (two launches fewer a layer). Off: W4 on the H200
     # measured it 1.05x on Qwen3-0.6B but 0.96x (8B bf16) and 0.81x (8B fp8).
     fused_norm_products: bool = False
+    # CUDA, with small_batch_kernels, one rank: the RMSNorm after each o and down product split
+    # between the products around it, so that it launches no kernel of its own: the product's
+    # finish adds the residual and multiplies by the norm's weight, the next product scales by
+    # 1 / rms (gemv/add_norm_input.py, PreNormed). A candidate until a GPU measures it.
+    norms_in_product_finish: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
@@ -420,11 +425,12 @@ class WorkerConfig(_Section):
     def _check_device(self) -> None:
         """Switches that refine another: set without it they would do nothing, silently."""
         device = self.device
-        if device.fused_norm_products and not device.small_batch_kernels:
-            raise ConfigError(
-                "device.fused_norm_products fuses the norm into the small-batch kernels; set "
-                "device.small_batch_kernels = true, or fused_norm_products = false"
-            )
+        for refinement in ("fused_norm_products", "norms_in_product_finish"):
+            if getattr(device, refinement) and not device.small_batch_kernels:
+                raise ConfigError(
+                    f"device.{refinement} works inside the small-batch kernels; set "
+                    f"device.small_batch_kernels = true, or {refinement} = false"
+                )
         if device.pdl_max_batch < 1:
             raise ConfigError(
                 f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "

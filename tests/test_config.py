@@ -33,6 +33,10 @@ def test_shipped_default_config_loads() -> None:
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",
             "set device.small_batch_kernels = true",
         ),
+        (
+            "[device]\nsmall_batch_kernels = false\nnorms_in_product_finish = true\n",
+            "norms_in_product_finish works inside the small-batch kernels",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:

@@ -59,8 +59,11 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
     methods = _format_methods(cfg, config, device)
     if device.type not in kernel_devices() or not config.device.small_batch_kernels:
         return methods
-    fuse_norm = config.device.fused_norm_products
-    return LinearMethods(small_rows(methods.projections, fuse_norm), small_rows(methods.lm_head))
+    switches = config.device
+    projections = small_rows(
+        methods.projections, switches.fused_norm_products, switches.norms_in_product_finish
+    )
+    return LinearMethods(projections, small_rows(methods.lm_head))
 
 
 def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:

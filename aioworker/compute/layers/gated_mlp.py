@@ -37,9 +37,16 @@ class GatedMLP(nn.Module):
         return self.down_proj(gated_product(self.gate_up_proj, x))
 
     def forward_normed(
-        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+        self,
+        norm: RMSNorm,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        next_norm: RMSNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(forward(norm(x + residual)), x + residual), the add and norm inside the gate/up
-        product where its method can."""
+        product where its method can. next_norm: the norm the output goes into next (with the
+        residual returned), which the down product may half do (forward_then_norm)."""
         h, residual = normed_product(self.gate_up_proj, norm, x, residual, gated=True)
+        if next_norm is not None:
+            return self.down_proj.forward_then_norm(h, residual, next_norm), residual
         return self.down_proj(h), residual

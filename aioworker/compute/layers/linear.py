@@ -14,6 +14,7 @@ import itertools
 import torch
 from torch import nn
 
+from aioworker.compute.layers.gemv.add_norm_input import PreNormed
 from aioworker.compute.layers.linear_method import UNQUANTIZED, LinearMethod
 from aioworker.compute.layers.param_loading import ParamLoading, blocks, copy_slice, loading_of
 from aioworker.compute.parallel import Shard, TensorParallel
@@ -208,6 +209,20 @@ class RowParallelLinear(MethodLinear):
     def load_bias(self, param: nn.Parameter, loaded: torch.Tensor, name: str) -> None:
         _check_shape(tuple(param.shape), loaded, name)
         param.data.copy_(loaded)
+
+    def forward_then_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm: nn.Module
+    ) -> torch.Tensor | PreNormed:
+        """forward(x), or where the method can, the product gone on into half of the residual
+        add and `norm` after it (PreNormed, device.norms_in_product_finish): on one rank, with
+        no bias to add after the product, and a residual to add."""
+        then_norm = getattr(self.linear_method, "apply_then_norm", None)
+        alone = self.reduce and self.tp.size == 1 and self.bias is None
+        if then_norm is not None and alone and residual is not None:
+            done = then_norm(self, x, residual, norm)
+            if done is not None:
+                return done
+        return self(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias joins once, after the reduction, not once per rank.

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aioworker.compute.layers.gemv.add_norm_input import PreNormed
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.ops import add_rms_norm, silu_and_mul
 
@@ -111,7 +112,17 @@ def normed_product(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the layer's product of norm(x + residual), x + residual); for `gated`, the product is
     `gated_product`'s. The add and the norm run inside the product's kernel where the layer's
-    method can (`apply_normed`), else first, in a kernel of their own."""
+    method can (`apply_normed`), else first, in a kernel of their own. A PreNormed x (the
+    product before did half of them) is finished inside the product (`apply_prenormed`), else
+    normed from its sum, which is the new residual."""
+    if isinstance(x, PreNormed):
+        prenormed = getattr(layer.linear_method, "apply_prenormed", None)
+        if prenormed is not None and x.weight is norm.weight and x.eps == norm.eps:
+            y = prenormed(layer, x, gated)
+            if y is not None:
+                return y, x.h
+        x, residual = add_rms_norm(norm, x, None)
+        return (gated_product(layer, x) if gated else layer(x)), residual
     fused = getattr(layer.linear_method, "apply_normed", None)
     if fused is not None and not (gated and layer.bias is not None):
         done = fused(layer, x, residual, norm, gated)

@@ -6,14 +6,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from aioworker.compute.layers.gemv.add_norm_input import PreNormed
 from aioworker.compute.layers.norm import RMSNorm
 from aioworker.compute.layers.rotary import apply_rotary
 
 
 def add_rms_norm(
-    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    norm: RMSNorm, x: torch.Tensor | PreNormed, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer."""
+    """(norm(x + residual), x + residual), or (norm(x), x) for the first layer. A PreNormed x
+    holds the sum already (gemv/add_norm_input.py): (norm(x.h), x.h)."""
+    if isinstance(x, PreNormed):
+        x, residual = x.h, None
     if x.is_cuda:
         from aioworker.compute.layers import fused
 

@@ -25,13 +25,17 @@ def feed_forward(
 
 
 def normed_feed_forward(
-    block: nn.Module, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    block: nn.Module,
+    norm: RMSNorm,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    next_norm: RMSNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(block(norm(x + residual)), x + residual): a block that can take the add and norm into
-    its first product does (`forward_normed`); the routed experts' router needs the normed row
-    itself."""
+    its first product does (`forward_normed`, which may also start `next_norm`, the norm its
+    output goes into); the routed experts' router needs the normed row itself."""
     fused = getattr(block, "forward_normed", None)
     if fused is not None:
-        return fused(norm, x, residual)
+        return fused(norm, x, residual, next_norm)
     x, residual = add_rms_norm(norm, x, residual)
     return block(x), residual

@@ -52,6 +52,12 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """qkv: this layer's qkv_proj product [T, (Hq + 2 Hkv) D] (the decoder layer takes it
         with its norm) -> [T, D]."""
+        return self.o_proj(self.attend(rope, qkv, attn))
+
+    def attend(
+        self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        """The attention's output before o_proj: [T, Hq D]."""
         num_tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -70,7 +76,7 @@ class LlamaAttention(nn.Module):
                 q, k, v, rope, self.q_norm, self.k_norm, *caches, attn.metadata
             )
             out = attn.backend.forward(q, k, v, *caches, attn.metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, q_size))
+        return out.reshape(num_tokens, q_size)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -89,13 +95,17 @@ class LlamaDecoderLayer(nn.Module):
         x: torch.Tensor,
         residual,
         attn: AttentionContext,
+        next_norm: RMSNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns this layer's MLP output and the residual stream before it is added: the next
         layer (or the final norm) adds them, fused with its norm. Each add and norm runs inside
-        the product that reads it (qkv, gate/up) where that product's method can."""
+        the product that reads it (qkv, gate/up) where that product's method can, or is split
+        between the products around it (the o and down products' finish starts it: PreNormed).
+        next_norm: the next layer's input norm."""
         qkv, residual = normed_product(self.self_attn.qkv_proj, self.input_layernorm, x, residual)
-        x = self.self_attn(rope, qkv, attn)
-        return normed_feed_forward(self.mlp, self.post_attention_layernorm, x, residual)
+        out = self.self_attn.attend(rope, qkv, attn)
+        x = self.self_attn.o_proj.forward_then_norm(out, residual, self.post_attention_layernorm)
+        return normed_feed_forward(self.mlp, self.post_attention_layernorm, x, residual, next_norm)
 
 
 class LlamaModel(nn.Module):
@@ -123,8 +133,11 @@ class LlamaModel(nn.Module):
         rope = self.rotary.cos_sin(positions)
         residual = None
         layers = self.layers if num_layers is None else self.layers[:num_layers]
-        for layer in layers:
-            x, residual = layer(rope, x, residual, attn)
+        for index, layer in enumerate(layers):
+            # The last layer's output goes into the final norm, which stays a kernel of its own.
+            last = index == len(layers) - 1
+            next_norm = None if last else layers[index + 1].input_layernorm
+            x, residual = layer(rope, x, residual, attn, next_norm)
         return add_rms_norm(self.norm, x, residual)[0]
 
 

@@ -1,6 +1,8 @@
 """How a small-rows product's float32 sums become its output: normed (add_norm.py), scaled per
 channel, biased or gated, and rounded; and with split K, the partial sums added first, by the
-last of a tile's programs to arrive (`fold`) or by a second kernel (`reduce_kernel`)."""
+last of a tile's programs to arrive (`fold`) or by a second kernel (`reduce_kernel`). With
+NORM_OUT the output then goes through half of the residual add and RMSNorm after it
+(`norm_out_values`: add_norm_input.NormOut)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,32 @@ def _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED: tl.
 
 
 @triton.jit
+def norm_out_values(
+    y, at, residual_ptr, norm_weight_ptr, residual_out_ptr, squares_out_ptr, slot, channels,
+    rows, num_rows, num_channels, out_mask,
+):  # fmt: skip
+    """The product's output y ([BLOCK_N, BLOCK_M], rounded to the output dtype) added to the
+    residual (laid out as the output, at `at`) and rounded as torch's add rounds: h, written to
+    residual_out; this program's sums of h^2 over its channels, one a row, written to slot
+    `slot` of squares_out [slots, rows]; returns h * the norm's weight (float32, for the caller
+    to round), as add_norm.normed_values makes it."""
+    r = tl.load(residual_ptr + at, mask=out_mask, other=0.0)
+    h = (y.to(tl.float32) + r.to(tl.float32)).to(y.dtype)
+    tl.store(residual_out_ptr + at, h, mask=out_mask)
+    h32 = tl.where(out_mask, h.to(tl.float32), 0.0)
+    tl.store(squares_out_ptr + slot * num_rows + rows, tl.sum(h32 * h32, axis=0),
+             mask=rows < num_rows)  # fmt: skip
+    n = tl.load(norm_weight_ptr + channels, mask=channels < num_channels, other=0.0)
+    return h32 * n.to(tl.float32)[:, None]
+
+
+@triton.jit
 def fold(
     partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at, channels,
     rows, num_rows, num_channels, depth, stride_split, stride_out, eps, out_mask,
+    residual_ptr, norm_weight_ptr, residual_out_ptr,
     NORMED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    NORM_OUT: tl.constexpr,
 ):  # fmt: skip
     """Split K finished without a second kernel: the last of the tile's programs to arrive
     (counted at counter_ptr[tile], which it sets back to 0 for the next product) adds every
@@ -56,35 +80,46 @@ def fold(
                 squares_sum += tl.load(squares_ptr + squares_at, mask=rows < num_rows,
                                        other=0.0, cache_modifier=".cg")  # fmt: skip
         store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
-                      num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
-                      GATED)  # fmt: skip
+                     num_rows, num_channels, depth, stride_out, eps, out_mask, residual_ptr,
+                     norm_weight_ptr, residual_out_ptr, squares_ptr, tile, NORMED, SCALED,
+                     HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
         tl.atomic_xchg(counter_ptr + tile, 0)
 
 
 @triton.jit
 def store_output(
-    gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows, num_channels, depth,
-    stride_out, eps, out_mask, NORMED: tl.constexpr, SCALED: tl.constexpr,
-    HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows, num_rows, num_channels,
+    depth, stride_out, eps, out_mask, residual_ptr, norm_weight_ptr, residual_out_ptr,
+    squares_out_ptr, slot, NORMED: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, NORM_OUT: tl.constexpr,
 ):  # fmt: skip
     """The sums [BLOCK_N, BLOCK_M] (NORMED: times 1 / rms) through the epilogue, rounded into
-    the output rows."""
+    the output rows; with NORM_OUT, first through `norm_out_values` (this program's sums of
+    squares in slot `slot`)."""
     if NORMED:
         inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
         gate, up = gate * inv_rms, up * inv_rms
     y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS, GATED)
-    tl.store(out_ptr + rows[None, :] * stride_out + channels[:, None],
-             y.to(out_ptr.dtype.element_ty), mask=out_mask)  # fmt: skip
+    y = y.to(out_ptr.dtype.element_ty)
+    at = rows[None, :] * stride_out + channels[:, None]
+    if NORM_OUT:
+        y = norm_out_values(y, at, residual_ptr, norm_weight_ptr, residual_out_ptr,
+                            squares_out_ptr, slot, channels, rows, num_rows, num_channels,
+                            out_mask).to(out_ptr.dtype.element_ty)  # fmt: skip
+    tl.store(out_ptr + at, y, mask=out_mask)
 
 
 @triton.jit
 def reduce_kernel(
-    partial_ptr, scale_ptr, bias_ptr, out_ptr, squares_ptr, num_splits, num_rows, num_channels,
-    depth, stride_split, stride_out, eps, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    partial_ptr, scale_ptr, bias_ptr, out_ptr, squares_ptr, num_splits, num_squares, num_rows,
+    num_channels, depth, stride_split, stride_out, eps, residual_ptr, norm_weight_ptr,
+    residual_out_ptr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    NORMED: tl.constexpr, NORM_OUT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, block of channels): the partials' sum, then the epilogue (NORMED:
-    first 1 / rms from the slices' sums of squares)."""
+    first 1 / rms from the num_squares sums of squares [num_squares, rows] at squares_ptr).
+    NORM_OUT: then `norm_out_values`, its sums of squares into slot (block of channels) of
+    squares_ptr."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     channels = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -98,12 +133,17 @@ def reduce_kernel(
         gate += tl.load(base, mask=mask, other=0.0)
         if GATED:
             up += tl.load(base + num_channels, mask=mask, other=0.0)
-        if NORMED:
-            squares_sum += tl.load(squares_ptr + split * num_rows + row + tl.arange(0, 1))
     if NORMED:
+        for slot in range(num_squares):
+            squares_sum += tl.load(squares_ptr + slot * num_rows + row + tl.arange(0, 1))
         inv_rms = inverse_rms(squares_sum, depth, eps)
         gate, up = gate * inv_rms, up * inv_rms
     y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels, SCALED,
                   HAS_BIAS, GATED)  # fmt: skip
-    tl.store(out_ptr + row * stride_out + channels[:, None], y.to(out_ptr.dtype.element_ty),
-             mask=mask[:, None])  # fmt: skip
+    y = y.to(out_ptr.dtype.element_ty)
+    at = row * stride_out + channels[:, None]
+    if NORM_OUT:
+        y = norm_out_values(y, at, residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
+                            tl.program_id(1), channels, row + tl.arange(0, 1), num_rows,
+                            num_channels, mask[:, None]).to(out_ptr.dtype.element_ty)  # fmt: skip
+    tl.store(out_ptr + at, y, mask=mask[:, None])

@@ -26,7 +26,10 @@ time to read W once, so the kernel is built around streaming W.
 - GATED computes silu(x gate^T) * (x up^T) for a gate/up weight stacked as [2I, K]: each program
   reads the gate rows and the matching up rows, so the activation needs no kernel of its own.
 - NORMED computes the product of rms_norm(x + residual) instead of x (add_norm.py): a decoder
-  layer's residual add and RMSNorm inside its qkv and gate/up products.
+  layer's residual add and RMSNorm inside its qkv and gate/up products. PRENORMED: x is already
+  h * n, and the sums of squares of h come from the product before (add_norm_input.PreNormed),
+  which computed them with NORM_OUT: its output added to the residual in its finish
+  (finish.norm_out_values).
 - Split K leaves float32 partial sums (and, NORMED, each slice's sums of squares); a second
   kernel adds them, then normalizes, scales, gates and rounds, or with FOLD the last of a tile's
   programs to arrive does, counted by an atomic (finish.py). With one split the product kernel
@@ -64,7 +67,7 @@ def _small_rows_kernel(
     x_ptr, w_ptr, scale_ptr, bias_ptr, group_scale_ptr, group_offset_ptr, out_ptr, partial_ptr,
     counter_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, squares_ptr,
     num_rows, num_channels, depth, k_per_split, stride_x, stride_w, stride_group_row,
-    stride_group, stride_split, stride_out, eps,
+    stride_group, stride_split, stride_out, eps, num_squares,
     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, INT4_GROUP: tl.constexpr, INT4_PER_UNIT: tl.constexpr,
     INT4_LOW_FIRST: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -74,7 +77,7 @@ def _small_rows_kernel(
     ACC_COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr, AHEAD: tl.constexpr,
-    X_ROWS: tl.constexpr = 0,
+    X_ROWS: tl.constexpr = 0, PRENORMED: tl.constexpr = False, NORM_OUT: tl.constexpr = False,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -142,6 +145,10 @@ def _small_rows_kernel(
         )  # fmt: skip
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
+    if PRENORMED and not SPLIT:  # (split: the reduce kernel reads them)
+        for slot in range(num_squares):
+            squares_sum += tl.load(squares_ptr + slot * num_rows + rows, mask=rows < num_rows,
+                                   other=0.0)  # fmt: skip
     if SPLIT:
         width = num_channels * 2 if GATED else num_channels
         at = rows[None, :] * width + channels[:, None]
@@ -157,12 +164,14 @@ def _small_rows_kernel(
             fold(
                 partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at,
                 channels, rows, num_rows, num_channels, depth, stride_split, stride_out, eps,
-                out_mask, NORMED, SCALED, HAS_BIAS, GATED,
+                out_mask, residual_ptr, norm_weight_ptr, residual_out_ptr, NORMED, SCALED,
+                HAS_BIAS, GATED, NORM_OUT,
             )  # fmt: skip
     else:
         store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
-                      num_channels, depth, stride_out, eps, out_mask, NORMED, SCALED, HAS_BIAS,
-                      GATED)  # fmt: skip
+                     num_rows, num_channels, depth, stride_out, eps, out_mask, residual_ptr,
+                     norm_weight_ptr, residual_out_ptr, squares_ptr, tile, NORMED or PRENORMED,
+                     SCALED, HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
 
 
 @triton.jit

@@ -7,7 +7,9 @@ says where its kernel operands are (`OPERANDS`); formats without an entry are no
 
 `apply_gated` is the MLP's gate/up product with silu(gate) * up fused into it; `apply_normed`
 takes a product's input before the layer's residual add and RMSNorm and does them in its kernel
-(with `fuse_norm`).
+(with `fuse_norm`). With `norm_finish`, `apply_then_norm` does half of the residual add and
+RMSNorm after a product in its finish, and `apply_prenormed` the rest in the next product's
+(PreNormed), so that the norm launches no kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import torch
 from torch import nn
 
 from aioworker.compute.layers.cpu_packing import CpuPacked
-from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
+from aioworker.compute.layers.gemv.add_norm_input import (
+    NORMED_DTYPES,
+    AddNorm,
+    NormOut,
+    PreNormed,
+)
 from aioworker.compute.layers.gemv.choice import tiles_for
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS, Tiles
 from aioworker.compute.layers.linear_method import LinearMethod, Unquantized
@@ -93,9 +100,12 @@ def kernel_devices() -> tuple[str, ...]:
 
 
 class SmallRows:
-    def __init__(self, inner: LinearMethod, fuse_norm: bool = False) -> None:
+    def __init__(
+        self, inner: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
+    ) -> None:
         self.inner = inner
         self.fuse_norm = fuse_norm
+        self.norm_finish = norm_finish
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -135,8 +145,11 @@ class SmallRows:
         gated: bool,
         bias: torch.Tensor | None,
         add_norm: AddNorm | None = None,
-    ) -> torch.Tensor | None:
-        """The kernels' product ([rows, N]), or None where they do not take it."""
+        norm_out: NormOut | None = None,
+        prenormed: PreNormed | None = None,
+    ) -> torch.Tensor | PreNormed | None:
+        """The kernels' product ([rows, N]; with norm_out, PreNormed), or None where they do
+        not take it."""
         if not self._takes(x):
             return None
         operands = self.operands(layer)
@@ -146,7 +159,8 @@ class SmallRows:
         tiles = tiles_for(rows.shape[0], operands.weight, gated, int4_group)
         weight = operands.weight
         if tiles is not None and tiles.blocks:
-            # The FMA blocks tiles take x as it is: with the norm to fuse, the caller norms.
+            # The FMA blocks tiles take x as it is: with the norm to fuse, the caller norms
+            # (a prenormed x is taken as it is).
             weight = operands.int4_blocks if add_norm is None or tiles.dot else None
         if tiles is None or weight is None:
             return None
@@ -156,14 +170,15 @@ class SmallRows:
 
         # A tiling tuned for bf16 rows may need more shared memory than an SM has with float32
         # rows or the norm's extra operands: fewer pipeline stages, else torch's product.
-        key = (tiles, x.dtype, gated, add_norm is not None)
+        key = (tiles, x.dtype, gated, add_norm is not None, norm_out is not None)
         fitted = self.fitted.get(key)
         stages = dict.fromkeys((tiles.num_stages, 2, 1))
         tried = [fitted] if fitted else [dataclasses.replace(tiles, num_stages=s) for s in stages]
         for cut in tried:
             try:
                 y = small_rows_product(rows.contiguous(), weight, cut, operands.scale,
-                                       gated, bias, operands.int4_groups, add_norm)  # fmt: skip
+                                       gated, bias, operands.int4_groups, add_norm, norm_out,
+                                       prenormed)  # fmt: skip
             except OutOfResources:
                 continue
             self.fitted[key] = cut
@@ -175,6 +190,22 @@ class SmallRows:
     ) -> torch.Tensor:
         y = self._product(layer, x, False, bias)
         return self.inner.apply(layer, x, bias) if y is None else y.reshape(*x.shape[:-1], -1)
+
+    def apply_then_norm(
+        self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> PreNormed | None:
+        """The product x W^T gone on into half of `norm`(product + residual) (NormOut); None
+        where norm_finish is off or the kernels do not take it."""
+        if not self.norm_finish or x.dtype not in NORMED_DTYPES or x.dim() != 2:
+            return None
+        residual = residual.contiguous()
+        norm_out = NormOut(residual, norm.weight, norm.eps, torch.empty_like(residual))
+        return self._product(layer, x, False, None, norm_out=norm_out)
+
+    def apply_prenormed(self, layer: nn.Module, x: PreNormed, gated: bool) -> torch.Tensor | None:
+        """The product of the norm that x's PreNormed finishes, gated where asked; None where
+        the kernels do not take it."""
+        return self._product(layer, x.x, gated, None if gated else layer.bias, prenormed=x)
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """silu(x gate^T) * (x up^T) for a layer holding [gate; up] and no bias."""
@@ -206,11 +237,14 @@ class SmallRows:
         return y, (x if residual_out is None else residual_out)
 
 
-def small_rows(method: LinearMethod, fuse_norm: bool = False) -> LinearMethod:
+def small_rows(
+    method: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
+) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
-    (`apply_normed`)."""
+    (`apply_normed`); `norm_finish`: split it between the products around it
+    (`apply_then_norm`, `apply_prenormed`)."""
     inner = method.format if isinstance(method, QuantizedCopy) else method
     if type(inner) not in OPERANDS:
         return method
-    return SmallRows(method, fuse_norm)
+    return SmallRows(method, fuse_norm, norm_finish)

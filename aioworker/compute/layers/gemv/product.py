@@ -8,7 +8,12 @@ import torch
 import triton
 
 from aioworker.compute.layers.arrivals import MAX_COUNTS, arrival_counts
-from aioworker.compute.layers.gemv.add_norm_input import NORMED_DTYPES, AddNorm
+from aioworker.compute.layers.gemv.add_norm_input import (
+    NORMED_DTYPES,
+    AddNorm,
+    NormOut,
+    PreNormed,
+)
 from aioworker.compute.layers.gemv.choice import INT4_VALUES
 from aioworker.compute.layers.gemv.finish import reduce_kernel
 from aioworker.compute.layers.gemv.kernels import _small_rows_kernel
@@ -35,22 +40,27 @@ def small_rows_product(
     bias: torch.Tensor | None = None,
     int4_groups: tuple[torch.Tensor, torch.Tensor] | None = None,
     add_norm: AddNorm | None = None,
-) -> torch.Tensor:
+    norm_out: NormOut | None = None,
+    prenormed: PreNormed | None = None,
+) -> torch.Tensor | PreNormed:
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
     (scales, offsets), each [N, K / G], when weight holds two 4-bit values a byte ([N, K / 2]):
     w = (q - 8) s + o; with tiles.blocks, weight is int4's blocks layout ([N, K / 8] int32,
     int4_blocks.py). Returns [M, N] in x's dtype, or with `gated`
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
-    before a residual add and RMSNorm, done in the kernel."""
+    before a residual add and RMSNorm, done in the kernel. norm_out (a plain product): its
+    output goes on into half of the residual add and RMSNorm after it, returned as PreNormed.
+    prenormed: x is prenormed.x, the product's sums scaled by 1 / rms of its rows (PreNormed)."""
     _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
+    _check_norms(x, weight, gated, add_norm, norm_out, prenormed)
     num_rows, depth = x.shape
     channels = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, channels, dtype=x.dtype, device=x.device)
     per_split, splits = _k_per_split(depth, tiles)
     output_tiles = triton.cdiv(channels, tiles.block_n)
     partial, counts = out, out
-    fold = tiles.fold and splits > 1
+    fold = tiles.fold and splits > 1 and prenormed is None  # (fold reads only NORMED squares)
     if splits > 1:
         width = channels * 2 if gated else channels
         partial = torch.empty(splits, num_rows, width, dtype=torch.float32, device=x.device)
@@ -78,21 +88,18 @@ def small_rows_product(
     )
     placeholder = scale if scale is not None else weight
     normed = add_norm is not None
-    residual = add_norm.residual if normed and add_norm.residual is not None else x
-    residual_out = add_norm.residual_out if normed and add_norm.residual_out is not None else x
-    norm_weight, eps = (add_norm.weight, add_norm.eps) if normed else (x, 0.0)
-    squares = partial
-    if normed and splits > 1:
-        squares_tiles = output_tiles if fold else 1
-        squares = torch.empty(squares_tiles, splits, num_rows, dtype=torch.float32,
-                              device=x.device)  # fmt: skip
+    reduced_by_kernel = splits > 1 and not fold
+    slots = triton.cdiv(channels, REDUCE_BLOCK) if reduced_by_kernel else output_tiles
+    residual, residual_out, norm_weight, eps, squares, num_squares = _norm_operands(
+        x, partial, add_norm, norm_out, prenormed, splits, output_tiles if fold else 1, slots
+    )
     options = launch_options()
     _small_rows_kernel[(output_tiles, splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
         out, partial, counts, residual, norm_weight, residual_out, squares,
         num_rows, channels, depth, per_split, x.stride(0), weight.stride(0),
         group_scale.stride(0), group_scale.stride(1), partial.stride(0), out.stride(0), eps,
-        SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
+        num_squares, SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, DOT=tiles.dot,
         IEEE=x.dtype == torch.float32, INT4_GROUP=group, INT4_PER_UNIT=per_unit,
         INT4_LOW_FIRST=weight.dtype == torch.int32, NORMED=normed,
         HAS_RESIDUAL=normed and add_norm.residual is not None, A8=tiles.a8, BITS=tiles.bits,
@@ -105,16 +112,43 @@ def small_rows_product(
         PREFETCH_LINES=_prefetch_lines(tiles, weight, per_unit) if options else 0,
         LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
-        AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed), **options,
+        AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed),
+        PRENORMED=prenormed is not None, NORM_OUT=norm_out is not None, **options,
     )  # fmt: skip
-    if splits > 1 and not fold:
-        reduce_kernel[(num_rows, triton.cdiv(channels, REDUCE_BLOCK))](
+    if reduced_by_kernel:
+        reduce_kernel[(num_rows, slots)](
             partial, placeholder, bias if bias is not None else weight, out, squares, splits,
-            num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
-            SCALED=scale is not None, HAS_BIAS=bias is not None, GATED=gated, NORMED=normed,
-            BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
+            num_squares, num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
+            residual, norm_weight, residual_out, SCALED=scale is not None,
+            HAS_BIAS=bias is not None, GATED=gated, NORMED=normed or prenormed is not None,
+            NORM_OUT=norm_out is not None, BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
         )  # fmt: skip
+    if norm_out is not None:
+        return PreNormed(out, norm_out.residual_out, squares, norm_out.weight, norm_out.eps)
     return out
+
+
+def _norm_operands(x, partial, add_norm, norm_out, prenormed, splits, squares_tiles, slots):
+    """(residual, residual_out, norm weight, eps, squares, their count) for the kernels: a
+    norm's operands where the product takes part in one (AddNorm, NormOut, PreNormed), else
+    placeholders. squares: NORMED and split, each slice's sums [squares_tiles, splits, rows];
+    NormOut, each program's [slots, rows], written; PreNormed, as given."""
+    num_rows = x.shape[0]
+    if add_norm is not None:
+        residual = add_norm.residual if add_norm.residual is not None else x
+        residual_out = add_norm.residual_out if add_norm.residual_out is not None else x
+        squares = partial
+        if splits > 1:
+            squares = torch.empty(squares_tiles, splits, num_rows, dtype=torch.float32,
+                                  device=x.device)  # fmt: skip
+        return residual, residual_out, add_norm.weight, add_norm.eps, squares, splits
+    if norm_out is not None:
+        squares = torch.empty(slots, num_rows, dtype=torch.float32, device=x.device)
+        return norm_out.residual, norm_out.residual_out, norm_out.weight, 0.0, squares, slots
+    if prenormed is not None:
+        squares = prenormed.squares
+        return x, x, x, prenormed.eps, squares, squares.shape[0]
+    return x, x, x, 0.0, partial, 0
 
 
 def _words(tiles: Tiles, weight: torch.Tensor, x: torch.Tensor) -> int:
@@ -180,6 +214,24 @@ def _check_operands(x, weight, tiles: Tiles, gated: bool, bias, int4_groups, add
         raise ValueError("a gated product takes no bias")
     if add_norm is not None:
         _check_add_norm(x, add_norm)
+
+
+def _check_norms(x, weight, gated: bool, add_norm, norm_out, prenormed) -> None:
+    """ValueError naming a norm the product cannot take part in as asked."""
+    if sum(n is not None for n in (add_norm, norm_out, prenormed)) > 1:
+        raise ValueError("a product takes one of add_norm, norm_out and prenormed")
+    if norm_out is not None:
+        if gated or x.dtype not in NORMED_DTYPES:
+            raise ValueError(f"norm_out follows a plain bf16 or float32 product, not {x.dtype}")
+        shape = (x.shape[0], weight.shape[0])
+        for name in ("residual", "residual_out"):
+            t = getattr(norm_out, name)
+            if tuple(t.shape) != shape or not t.is_contiguous():
+                raise ValueError(f"norm_out's {name} must be a contiguous {shape}")
+    if prenormed is not None and (
+        prenormed.x.data_ptr() != x.data_ptr() or prenormed.squares.shape[1:] != (x.shape[0],)
+    ):
+        raise ValueError("prenormed: x is prenormed.x, its squares [slots, rows]")
 
 
 def _check_add_norm(x: torch.Tensor, add_norm: AddNorm) -> None:

@@ -53,6 +53,7 @@ PRODUCT_ARGS = [
     "stride_split",
     "stride_out",
     "eps",
+    "num_squares",
 ]
 
 
@@ -82,7 +83,7 @@ def product_variant(
         "ACC_COLUMNS": block_m if dot else block_k // 32 if int4 else block_k,
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
-        "FMA_STAGES": None, "AHEAD": False, "X_ROWS": 0,
+        "FMA_STAGES": None, "AHEAD": False, "X_ROWS": 0, "PRENORMED": False, "NORM_OUT": False,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -104,13 +105,15 @@ ALIGNED_SIZES = ("num_channels", "depth", "k_per_split", "stride_x", "stride_w",
                  "stride_out")  # fmt: skip
 
 
-def reduce_variant(gated: bool):
+def reduce_variant(gated: bool, norm_out: bool = False):
     constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "NORMED": gated,
-                 "BLOCK": 256, "PDL": gated}  # fmt: skip
+                 "NORM_OUT": norm_out, "BLOCK": 256, "PDL": gated}  # fmt: skip
     signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
                  "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
-                 "num_rows": "i32", "num_channels": "i32", "depth": "i32", "stride_split": "i32",
-                 "stride_out": "i32", "eps": "fp32"}  # fmt: skip
+                 "num_squares": "i32", "num_rows": "i32", "num_channels": "i32", "depth": "i32",
+                 "stride_split": "i32", "stride_out": "i32", "eps": "fp32",
+                 "residual_ptr": "*bf16", "norm_weight_ptr": "*bf16",
+                 "residual_out_ptr": "*bf16"}  # fmt: skip
     return ASTSource(reduce_kernel, signature | dict.fromkeys(constants, "constexpr"), constants)
 
 
@@ -155,6 +158,15 @@ def main() -> None:
     for gated in (False, True):
         triton.compile(reduce_variant(gated), HOPPER, options)
         print(f"compiled reduce gated={gated}")
+    triton.compile(reduce_variant(False, norm_out=True), HOPPER, options)
+    print("compiled reduce norm_out")
+    for dot, split in ((True, False), (True, True), (False, False)):  # the norm split between
+        # two products: the first's finish starts it (NORM_OUT: in the product, in its fold, and
+        # in the reduce kernel above), the next one's finishes it (PRENORMED)
+        for side in ("NORM_OUT", "PRENORMED"):
+            variant = product_variant("bf16", False, dot, split, True, "", **{side: True})
+            triton.compile(variant, HOPPER, options)
+            print(f"compiled bf16 dot={dot} split={split} {side.lower()}")
 
 
 if __name__ == "__main__":

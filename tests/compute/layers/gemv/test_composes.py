@@ -2,7 +2,8 @@
 prefix caching, recompute preemption and n-gram speculation (whose verify steps multiply k + 1
 rows a sequence through the kernels) give the tokens and logprobs of the same engine without
 the kernels (tiny Llama, float32, CPU under Triton's interpreter). The kernels run with the
-residual add and norm fused in (device.fused_norm_products), the superset of their paths."""
+residual add and norm fused in (device.fused_norm_products) and split between the products
+around them (device.norms_in_product_finish), the superset of their paths."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def workload() -> tuple[list[list[int]], list[SamplingParams]]:
 
 
 def served(model_dir, kernels: bool) -> tuple[list, tuple[int, int]]:
-    switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": kernels}
+    switches = {
+        "device.small_batch_kernels": kernels,
+        "device.fused_norm_products": kernels,
+        "device.norms_in_product_finish": kernels,
+    }
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         prompts, params = workload()

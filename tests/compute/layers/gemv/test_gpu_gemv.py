@@ -343,15 +343,16 @@ def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(arch, tm
     """The whole model in float32, where both paths multiply in float32 (no TF32), in CUDA
     graphs: the kernels off, on, and on with each fusion still off by default added in turn
     (the add and norm in the products, rotary and the cache write in decode attention,
-    programmatic dependent launch)."""
+    programmatic dependent launch, the norms split between the products around them)."""
     from aioworker.core.sampling_params import SamplingParams
     from tests.tiny_models import build_tiny_model
 
     build_tiny_model(arch, tmp_path, logit_scale=4.0)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    added = ["device.fused_norm_products", "device.fused_rope_attention", "device.pdl"]
+    added = ["device.fused_norm_products", "device.fused_rope_attention", "device.pdl",
+             "device.norms_in_product_finish"]  # fmt: skip
     outputs = []
-    for kernels, on in ((False, 0), (True, 0), (True, 1), (True, 2), (True, 3)):
+    for kernels, on in ((False, 0), (True, 0), (True, 1), (True, 2), (True, 3), (True, 4)):
         switches = {name: i < on for i, name in enumerate(added)}
         engine = tiny_engine(tmp_path, "none", kernels, **switches)
         try:

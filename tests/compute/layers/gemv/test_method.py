@@ -26,8 +26,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
-def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False):
-    switches = {"device.small_batch_kernels": kernels, "device.fused_norm_products": fuse_norm}
+def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False, norm_finish: bool = False):
+    switches = {
+        "device.small_batch_kernels": kernels,
+        "device.fused_norm_products": fuse_norm,
+        "device.norms_in_product_finish": norm_finish,
+    }
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
@@ -48,9 +52,10 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None):  # fmt: skip
+                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
         normed = "none" if add_norm is None else "add" if add_norm.residual is not None else "norm"
         calls.append((x.shape[0], gated, bias is not None, normed))
+        assert norm_out is None and prenormed is None  # device.norms_in_product_finish is off
         return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm)
 
     monkeypatch.setattr(product, "small_rows_product", counted)
@@ -69,6 +74,42 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
         (True, "add"),
         (False, "none"),
     }
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases after the norm
+def test_norms_split_between_the_products_keep_the_greedy_tokens(arch, tmp_path, monkeypatch):
+    """device.norms_in_product_finish: the o and down products start the norm after them
+    (NormOut) and the gate/up and next qkv products finish it (PreNormed), so that of a decode
+    step's norms only the first layer's input norm and the final norm run on their own. Greedy
+    tokens equal the model without the kernels (float32)."""
+    from aioworker.compute.layers.norm import RMSNorm
+
+    build_tiny_model(arch, tmp_path, logit_scale=4.0)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (4, 19)]
+    norms = []
+    real_norm = RMSNorm.forward
+    monkeypatch.setattr(RMSNorm, "forward", lambda self, x: norms.append(1) or real_norm(self, x))
+    want = greedy(tmp_path, prompts, kernels=False)
+    norms_without = len(norms)
+    kinds = []
+    real = product.small_rows_product
+
+    def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
+                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
+        kinds.append("start" if norm_out else "finish" if prenormed else "plain")
+        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm, norm_out,
+                    prenormed)  # fmt: skip
+
+    monkeypatch.setattr(product, "small_rows_product", counted)
+    norms.clear()
+    assert greedy(tmp_path, prompts, kernels=True, norm_finish=True) == want
+    # Each of 11 decode steps, 2 layers: o starts the post-attention norm, gate/up finishes it;
+    # layer 1's down starts layer 2's input norm, its qkv finishes it; layer 2's down, the last,
+    # goes into the final norm. So 3 of a step's 5 norms run inside the products.
+    steps = 11
+    assert kinds.count("start") == kinds.count("finish") == 3 * steps
+    assert len(norms) == norms_without - 3 * steps
 
 
 def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:
