@@ -61,6 +61,11 @@
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_stages=5) against the
 #                                 defaults (three runs a side)
+#   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
+#                                 (the kernels against the reference; greedy tokens through
+#                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
+#                                 device.norms_in_product_finish against the defaults (three
+#                                 runs a side; W4_S: W4's time limit)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -326,6 +331,16 @@ case "${1:-}" in
       cp docs/benchmarks.md "$out/"
       echo "== w1 $setting"; tail -7 "$out/w1_$name.log"
     done
+    ;;
+  norms)  # device.norms_in_product_finish: tests, then W4 against the defaults
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_norm_finish.py tests/compute/test_fused.py \
+      tests/compute/layers/gemv/test_gpu_gemv.py -k "norm or greedy_tokens_with" \
+      > "$out/gpu_tests.log" 2>&1
+    echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
+    W4_REPEATS=3 w4 none,fp8,wint4 "${W4_S:-360}" norms \
+      --candidate device.norms_in_product_finish=true
+    echo "== w4 (defaults against norms_in_product_finish)"; tail -12 "$out/w4_norms.log"
     ;;
   one)  # one call for a session with little device time: the GPU tests of the decode kernel, 8
         # warps, the products in a graph, and graphs equal eager; W4 of bf16, fp8 and wint4 on

@@ -35,7 +35,8 @@ def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False, norm_fini
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
         wrapped = [m for _, m in methods_in(engine.executor.runner.model)]
-        assert all(isinstance(m, SmallRows) for m in wrapped) == kernels
+        # (an MoE model's experts and router multiply through methods of their own)
+        assert any(isinstance(m, SmallRows) for m in wrapped) == kernels
         params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
         return [c.token_ids for c in engine.generate(prompts, params)]
     finally:
@@ -76,7 +77,9 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     }
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases after the norm
+# qwen2: q/k/v biases after the norm; qwen3_moe: routed experts, whose router takes the norm's
+# row itself (the o product still starts it; the norm is then finished on its own)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3_moe"])
 def test_norms_split_between_the_products_keep_the_greedy_tokens(arch, tmp_path, monkeypatch):
     """device.norms_in_product_finish: the o and down products start the norm after them
     (NormOut) and the gate/up and next qkv products finish it (PreNormed), so that of a decode
@@ -108,6 +111,10 @@ def test_norms_split_between_the_products_keep_the_greedy_tokens(arch, tmp_path,
     # layer 1's down starts layer 2's input norm, its qkv finishes it; layer 2's down, the last,
     # goes into the final norm. So 3 of a step's 5 norms run inside the products.
     steps = 11
+    if arch == "qwen3_moe":  # the experts' blocks finish theirs on their own
+        assert kinds.count("start") > kinds.count("finish") > 0
+        assert len(norms) < norms_without
+        return
     assert kinds.count("start") == kinds.count("finish") == 3 * steps
     assert len(norms) == norms_without - 3 * steps
 
