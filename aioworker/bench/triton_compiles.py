@@ -5,6 +5,7 @@ slower than the next ones (docs/benchmarks.md); this says how much of that is th
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,18 +15,19 @@ from dataclasses import dataclass, field
 class TritonCompiles:
     """While attached (`with`), records (kernel name, seconds) for each kernel Triton compiled
     (or loaded from its disk cache: a process's first launch of a specialization), through
-    Triton's JIT hooks; with no Triton, records nothing."""
+    Triton's JIT hooks. Where the process has not imported Triton, nothing can compile and this
+    does not import it: Triton's own kernels are built interpreted or compiled by how
+    TRITON_INTERPRET is set when it is first imported, which is not this module's to decide."""
 
     compiled: list[tuple[str, float]] = field(default_factory=list)
     _started: dict[int, float] = field(default_factory=dict)  # by thread: compiles are per thread
     _saved: tuple | None = None
 
     def __enter__(self) -> TritonCompiles:
-        try:
-            from triton import knobs
-        except ImportError:
+        triton = sys.modules.get("triton")
+        if triton is None:
             return self
-        hooks = knobs.runtime
+        hooks = triton.knobs.runtime
         self._saved = (hooks, hooks.jit_cache_hook, hooks.jit_post_compile_hook)
         hooks.jit_cache_hook, hooks.jit_post_compile_hook = self.before, self.after
         return self

@@ -4,15 +4,21 @@ compiles no kernel (the interpreter runs them), so the hooks are called as Trito
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from aioworker.bench.triton_compiles import TritonCompiles
-
+# Triton builds its own kernels interpreted or not as this is set when it is first imported; this
+# module is collected before the interpreter's tests.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 knobs = pytest.importorskip("triton").knobs
+
+from aioworker.bench.triton_compiles import TritonCompiles  # noqa: E402
 
 
 def _compile(name: str, seconds: float) -> None:
@@ -47,3 +53,22 @@ def test_a_run_that_compiled_nothing_says_so() -> None:
     with TritonCompiles() as compiles:
         pass
     assert compiles.summary() == "no Triton kernel compiled"
+
+
+def test_a_process_without_triton_is_left_without_it() -> None:
+    """Importing Triton decides how its own kernels are built (interpreted or compiled), so a
+    timeline attached in a process that has not imported it must not import it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from aioworker.bench.triton_compiles import TritonCompiles\n"
+        "with TritonCompiles() as compiles:\n"
+        "    pass\n"
+        "assert 'triton' not in sys.modules, 'imported'\n"
+        "print(compiles.summary())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "no Triton kernel compiled"
