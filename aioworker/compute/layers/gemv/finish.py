@@ -50,6 +50,16 @@ def norm_out_values(
 
 
 @triton.jit
+def squares_total(squares_ptr, rows, num_rows, num_squares, SQUARES_P2: tl.constexpr):
+    """Each row's total of the num_squares sums of squares [num_squares, rows] at squares_ptr,
+    loaded at once (up to 256 of them: a product of one program per output tile left them)."""
+    slots = tl.arange(0, SQUARES_P2)
+    mask = (slots[:, None] < num_squares) & (rows[None, :] < num_rows)
+    sums = tl.load(squares_ptr + slots[:, None] * num_rows + rows[None, :], mask=mask, other=0.0)
+    return tl.sum(sums, axis=0)
+
+
+@triton.jit
 def fold(
     partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at, channels,
     rows, num_rows, num_channels, depth, stride_split, stride_out, eps, out_mask,
@@ -115,6 +125,7 @@ def reduce_kernel(
     num_channels, depth, stride_split, stride_out, eps, residual_ptr, norm_weight_ptr,
     residual_out_ptr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     NORMED: tl.constexpr, NORM_OUT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SQUARES_P2: tl.constexpr = 1,
 ):  # fmt: skip
     """One program per (row, block of channels): the partials' sum, then the epilogue (NORMED:
     first 1 / rms from the num_squares sums of squares [num_squares, rows] at squares_ptr).
@@ -127,15 +138,14 @@ def reduce_kernel(
     width = num_channels * 2 if GATED else num_channels
     gate = tl.zeros((BLOCK,), dtype=tl.float32)
     up = tl.zeros((BLOCK,), dtype=tl.float32)
-    squares_sum = tl.zeros((1,), dtype=tl.float32)
     for split in range(num_splits):
         base = partial_ptr + split * stride_split + row * width + channels
         gate += tl.load(base, mask=mask, other=0.0)
         if GATED:
             up += tl.load(base + num_channels, mask=mask, other=0.0)
     if NORMED:
-        for slot in range(num_squares):
-            squares_sum += tl.load(squares_ptr + slot * num_rows + row + tl.arange(0, 1))
+        squares_sum = squares_total(squares_ptr, row + tl.arange(0, 1), num_rows, num_squares,
+                                    SQUARES_P2)  # fmt: skip
         inv_rms = inverse_rms(squares_sum, depth, eps)
         gate, up = gate * inv_rms, up * inv_rms
     y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels, SCALED,

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from aioworker.compute.layers.gdc import prefetch_to_l2, wait_for_previous_kernel
-from aioworker.compute.layers.gemv.finish import fold, store_output
+from aioworker.compute.layers.gemv.finish import fold, squares_total, store_output
 from aioworker.compute.layers.gemv.int4_blocks_loop import int4_blocks_loop
 from aioworker.compute.layers.gemv.int4_row import int4_row_step
 from aioworker.compute.layers.gemv.rows import accumulate, x_step
@@ -78,6 +78,7 @@ def _small_rows_kernel(
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr, AHEAD: tl.constexpr,
     X_ROWS: tl.constexpr = 0, PRENORMED: tl.constexpr = False, NORM_OUT: tl.constexpr = False,
+    SQUARES_P2: tl.constexpr = 1,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -146,9 +147,7 @@ def _small_rows_kernel(
     gate, up = _finish(gate_acc, DOT), _finish(up_acc, DOT)
     out_mask = (channels[:, None] < num_channels) & (rows[None, :] < num_rows)
     if PRENORMED and not SPLIT:  # (split: the reduce kernel reads them)
-        for slot in range(num_squares):
-            squares_sum += tl.load(squares_ptr + slot * num_rows + rows, mask=rows < num_rows,
-                                   other=0.0)  # fmt: skip
+        squares_sum = squares_total(squares_ptr, rows, num_rows, num_squares, SQUARES_P2)
     if SPLIT:
         width = num_channels * 2 if GATED else num_channels
         at = rows[None, :] * width + channels[:, None]

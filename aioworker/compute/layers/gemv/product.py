@@ -113,7 +113,8 @@ def small_rows_product(
         LINE_UNITS=max(1, LINE_BYTES // weight.element_size()),
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
         AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed),
-        PRENORMED=prenormed is not None, NORM_OUT=norm_out is not None, **options,
+        PRENORMED=prenormed is not None, NORM_OUT=norm_out is not None,
+        SQUARES_P2=triton.next_power_of_2(max(1, num_squares)), **options,
     )  # fmt: skip
     if reduced_by_kernel:
         reduce_kernel[(num_rows, slots)](
@@ -121,7 +122,8 @@ def small_rows_product(
             num_squares, num_rows, channels, depth, partial.stride(0), out.stride(0), eps,
             residual, norm_weight, residual_out, SCALED=scale is not None,
             HAS_BIAS=bias is not None, GATED=gated, NORMED=normed or prenormed is not None,
-            NORM_OUT=norm_out is not None, BLOCK=REDUCE_BLOCK, PDL=bool(options), **options,
+            NORM_OUT=norm_out is not None, BLOCK=REDUCE_BLOCK, PDL=bool(options),
+            SQUARES_P2=triton.next_power_of_2(max(1, num_squares)), **options,
         )  # fmt: skip
     if norm_out is not None:
         return PreNormed(out, norm_out.residual_out, squares, norm_out.weight, norm_out.eps)

@@ -84,6 +84,7 @@ def product_variant(
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
         "FMA_STAGES": None, "AHEAD": False, "X_ROWS": 0, "PRENORMED": False, "NORM_OUT": False,
+        "SQUARES_P2": 16,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -107,7 +108,7 @@ ALIGNED_SIZES = ("num_channels", "depth", "k_per_split", "stride_x", "stride_w",
 
 def reduce_variant(gated: bool, norm_out: bool = False):
     constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "NORMED": gated,
-                 "NORM_OUT": norm_out, "BLOCK": 256, "PDL": gated}  # fmt: skip
+                 "NORM_OUT": norm_out, "BLOCK": 256, "PDL": gated, "SQUARES_P2": 4}  # fmt: skip
     signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
                  "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
                  "num_squares": "i32", "num_rows": "i32", "num_channels": "i32", "depth": "i32",
