@@ -4,7 +4,7 @@
 # TESTS=all runs every GPU test of the suite instead: the GPU machine lacks the API's and the
 # GGUF converter's packages, whose test modules hold no GPU test, so modules that fail to import
 # are passed over, not fatal. On a fresh machine Triton compiles every kernel cold and the whole
-# suite ran past its 560 s (H100, 2026-12-06: 85 of 95 tests in 560 s, none failed): give
+# suite ran past its 560 s (H100, 2026-12-06: 85 of about 94 tests in 560 s, none failed): give
 # TEST_PATHS=tests/compute/layers in one call and TEST_PATHS=rest (GPU_REST) in another.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
