@@ -47,17 +47,12 @@ class LlamaAttention(nn.Module):
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = self.v_cache = torch.empty(0)
 
-    def forward(
-        self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
-    ) -> torch.Tensor:
-        """qkv: this layer's qkv_proj product [T, (Hq + 2 Hkv) D] (the decoder layer takes it
-        with its norm) -> [T, D]."""
-        return self.o_proj(self.attend(rope, qkv, attn))
-
     def attend(
         self, rope: tuple[torch.Tensor, torch.Tensor], qkv: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
-        """The attention's output before o_proj: [T, Hq D]."""
+        """qkv: this layer's qkv_proj product [T, (Hq + 2 Hkv) D] (the decoder layer takes it
+        with its norm) -> the attention's output before o_proj, [T, Hq D]; the decoder layer
+        multiplies it by o_proj with the norm after it (forward_then_norm)."""
         num_tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

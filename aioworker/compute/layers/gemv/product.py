@@ -93,6 +93,7 @@ def small_rows_product(
     residual, residual_out, norm_weight, eps, squares, num_squares = _norm_operands(
         x, partial, add_norm, norm_out, prenormed, splits, output_tiles if fold else 1, slots
     )
+    squares_p2 = triton.next_power_of_2(max(1, num_squares))  # the slots loaded at once
     options = launch_options()
     _small_rows_kernel[(output_tiles, splits)](
         x, weight, placeholder, bias if bias is not None else weight, group_scale, group_offset,
@@ -114,7 +115,7 @@ def small_rows_product(
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
         AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed),
         PRENORMED=prenormed is not None, NORM_OUT=norm_out is not None,
-        SQUARES_P2=triton.next_power_of_2(max(1, num_squares)), **options,
+        SQUARES_P2=squares_p2, **options,
     )  # fmt: skip
     if reduced_by_kernel:
         reduce_kernel[(num_rows, slots)](
@@ -123,7 +124,7 @@ def small_rows_product(
             residual, norm_weight, residual_out, SCALED=scale is not None,
             HAS_BIAS=bias is not None, GATED=gated, NORMED=normed or prenormed is not None,
             NORM_OUT=norm_out is not None, BLOCK=REDUCE_BLOCK, PDL=bool(options),
-            SQUARES_P2=triton.next_power_of_2(max(1, num_squares)), **options,
+            SQUARES_P2=squares_p2, **options,
         )  # fmt: skip
     if norm_out is not None:
         return PreNormed(out, norm_out.residual_out, squares, norm_out.weight, norm_out.eps)
