@@ -33,10 +33,6 @@ def test_shipped_default_config_loads() -> None:
             "[device]\nsmall_batch_kernels = false\nfused_norm_products = true\n",
             "set device.small_batch_kernels = true",
         ),
-        (
-            "[device]\nsmall_batch_kernels = false\nnorms_in_product_finish = true\n",
-            "norms_in_product_finish works inside the small-batch kernels",
-        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
@@ -44,6 +40,15 @@ def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_small_batch_kernels_off_alone_switches_off_the_norm_they_carry(tmp_path) -> None:
+    # norms_in_product_finish is on by default and lives inside the kernels: turning the kernels
+    # off (W4's "kernels off" side, finite_logits.py) must not need a second setting.
+    path = tmp_path / "w.toml"
+    path.write_text("[device]\nsmall_batch_kernels = false\n")
+    device = load_config(path).device
+    assert not device.small_batch_kernels and device.norms_in_product_finish
 
 
 def test_missing_config_file() -> None:

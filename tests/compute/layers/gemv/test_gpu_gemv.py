@@ -341,8 +341,8 @@ def prompts() -> list[list[int]]:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: q/k norms in the fused rotary
 def test_greedy_tokens_with_the_kernels_equal_the_torch_path_in_float32(arch, tmp_path) -> None:
     """The whole model in float32, where both paths multiply in float32 (no TF32), in CUDA
-    graphs: the kernels off, on, and on with each fusion still off by default added in turn
-    (the add and norm in the products, rotary and the cache write in decode attention,
+    graphs: the kernels off, on with every fusion off, and with each fusion added in turn (the
+    add and norm in the products, rotary and the cache write in decode attention,
     programmatic dependent launch, the norms split between the products around them)."""
     from aioworker.core.sampling_params import SamplingParams
     from tests.tiny_models import build_tiny_model
