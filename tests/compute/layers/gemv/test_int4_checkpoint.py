@@ -55,3 +55,38 @@ def test_w4a16_words_multiply_as_their_dequantized_weights(tmp_path, layout) -> 
         assert tokens == want_tokens
         for entry, want in zip(logprobs, want_logprobs, strict=True):
             assert abs(entry.logprob - want.logprob) < 0.1  # torch's path rounds rows to bf16
+
+
+def test_norms_split_between_int4_products_keep_the_greedy_tokens(tmp_path, monkeypatch) -> None:
+    """A quantized format's kernels start the norm after the o and down products and finish it
+    in the next (device.norms_in_product_finish, on by default) as dense ones do: greedy tokens
+    and logprobs equal the same kernels with every norm run on its own."""
+    from aioworker.compute.layers.gemv import product
+
+    build_tiny_model("llama", tmp_path / "dense", logit_scale=4.0, **SIZES)
+    write_quantized(tmp_path / "dense", "ct-w4a16-asym", tmp_path / "quantized", tmp_path / "ref")
+    kinds = []
+    real = product.small_rows_product
+
+    def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
+                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
+        if int4_groups is not None:  # the projections, not the dense LM head
+            kinds.append("start" if norm_out else "finish" if prenormed else "plain")
+        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm, norm_out,
+                    prenormed)  # fmt: skip
+
+    monkeypatch.setattr(product, "small_rows_product", counted)
+    outputs = []
+    for norm_finish in (False, True):
+        switches = KERNELS | {"device.norms_in_product_finish": norm_finish}
+        engine = make_engine(tmp_path / "quantized", **SETTINGS, **switches)
+        try:
+            outputs.append(generate(engine))
+        finally:
+            engine.close()
+        assert ("start" in kinds) == ("finish" in kinds) == norm_finish
+        kinds.clear()
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(*outputs, strict=True):
+        assert tokens == want_tokens
+        for entry, want in zip(logprobs, want_logprobs, strict=True):
+            assert abs(entry.logprob - want.logprob) < 1e-3  # float32 on both sides
