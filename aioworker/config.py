@@ -114,9 +114,9 @@ class DeviceOptions(_Section):
     # CUDA, with small_batch_kernels, one rank: the RMSNorm after each o and down product split
     # between the products around it, so that it launches no kernel of its own: the product's
     # finish adds the residual and multiplies by the norm's weight, the next product scales by
-    # 1 / rms (gemv/add_norm_input.py, PreNormed). W4 on an H100, three runs a side: 1.02x on
-    # the 8B in fp8 and on Qwen3-0.6B, 1.03x on Qwen3-0.6B in wint4, 1.00x elsewhere. It follows
-    # small_batch_kernels: with those off it does nothing.
+    # 1 / rms (gemv/add_norm_input.py, PreNormed). W4, three runs a side: 1.02x on the 8B in
+    # fp8 and on Qwen3-0.6B in bf16 (H100 and H200), 1.00-1.03x elsewhere, never slower. It
+    # follows small_batch_kernels: with those off it does nothing.
     norms_in_product_finish: bool = True
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
