@@ -42,7 +42,7 @@ def test_bad_config_names_the_key(tmp_path, text: str, message: str) -> None:
         load_config(path)
 
 
-def test_small_batch_kernels_off_alone_switches_off_the_norm_they_carry(tmp_path) -> None:
+def test_small_batch_kernels_off_needs_no_second_setting_for_the_norm_they_carry(tmp_path) -> None:
     # norms_in_product_finish is on by default and lives inside the kernels: turning the kernels
     # off (W4's "kernels off" side, finite_logits.py) must not need a second setting.
     path = tmp_path / "w.toml"
