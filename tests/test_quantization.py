@@ -24,11 +24,13 @@ BOUNDS = {
     "wint8": (0.99, 0.015),
     "wint4": (0.94, 0.08),
 }  # agreement, perplexity increase
-# Per-channel int8 agrees 96.3% here: the embedded model's weights lie on a 4-bit grid of
-# 32-wide groups (from its GGUF), which one scale per row of 576 or 1536 does not keep. The
-# issue's bound stands; strict, so that meeting it shows.
+# Per-channel int8 agrees 96-97% here, as often as the unquantized model run in bfloat16 does
+# (docs/benchmarks.md, 2026-12-06): at 3-4% of positions the top two logits are closer than
+# an 8-bit rounding moves them. The bound stands; strict, so that meeting it
+# shows. (The figures move a little as the text, docs/architecture.md, changes.)
 WINT8_SHORT = pytest.mark.xfail(
-    strict=True, reason="per-channel int8 agrees 96.3% on the embedded model; 99% is asked"
+    strict=True,
+    reason="per-channel int8 agrees 96-97% on the embedded model, as bf16 does; 99% is asked",
 )
 # e4m3 keeps three mantissa bits: on this small model, fp8 weights alone agree 91.0% (+2.7%
 # perplexity) and W8A8 89.4% (+3.3%), where bfloat16 alone agrees 96.9% (+0.3%) with float32
