@@ -45,8 +45,8 @@
 #                                 the few-rows argmax's tests, W4 fp8, wint8 and wint4: the
 #                                 defaults against model.quantize_lm_head (the head read from a
 #                                 quantized copy), an 8B fp8 step's profile with PDL off
-#   tools/gpu_issue22.sh profile  kernels per decode step and their time, 0.6B and 8B, the
-#                                 defaults against the three fusions on
+#   tools/gpu_issue22.sh profile  kernels per decode step and their time with PDL off (costs, not
+#                                 waits): the 8B in bf16 and fp8, the 0.6B in bf16
 #   tools/gpu_issue22.sh one      for little device time: the decode and graph GPU tests, then W4 of
 #                                 bf16, fp8 and wint4 with device.pdl_max_batch=8, three runs a side
 #   tools/gpu_issue22.sh w1       where W1's large decode steps go: the decode kernel alone at their
@@ -367,15 +367,14 @@ case "${1:-}" in
     echo "== profile (fp8, PDL off)"; grep -E "ms/step|per step|_chunk_maxima|_best_chunk|at::native::reduce" "$out/profile.log" | head -6
     echo "== w4"; tail -8 "$out/w4_h.log"
     ;;
-  profile)  # kernels per step and GPU time, the defaults against all three fusions on
-    fusions="--set device.fused_norm_products=true --set device.fused_rope_attention=true --set device.pdl=true"
-    for model in qwen3-0.6b llama-3.1-8b; do
-      timeout 100 python3 tools/profile_step.py --model "$model" --small-batch-kernels \
-        > "$out/profile_${model}_defaults.log" 2>&1
-      timeout 100 python3 tools/profile_step.py --model "$model" --small-batch-kernels $fusions \
-        > "$out/profile_${model}_fused.log" 2>&1
+  profile)  # where a batch-1 step's time goes outside the products: kernels per step and their
+            # GPU time with the defaults, PDL off (with it on, a kernel's time includes its wait)
+    for run in "llama-3.1-8b none" "llama-3.1-8b fp8" "qwen3-0.6b none"; do
+      set -- $run
+      timeout 100 python3 tools/profile_step.py --model "$1" --quantization "$2" \
+        --small-batch-kernels --set device.pdl=false > "$out/profile_$1_$2.log" 2>&1
     done
-    for f in "$out"/profile_*.log; do echo "== $f"; head -14 "$f"; done
+    for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
   *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals" >&2; exit 2 ;;
 esac
