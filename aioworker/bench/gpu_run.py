@@ -98,11 +98,19 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
 def run_w1_candidate(limits: gpu.Limits, candidate: dict) -> tuple[str, str]:
     """W1 on the defaults against the defaults with `candidate`'s settings. Settings such as
     device.pdl shape what the graphs capture, so each side is an engine of its own: the two do
-    not fit in memory together, so the runs cannot alternate; the defaults run first."""
+    not fit in memory together, so the runs cannot alternate; the defaults run first. The
+    defaults' first and last runs' breakdowns are printed as the plain W1 prints them, so that a
+    call measuring a candidate also shows where the defaults' time went."""
     runs: dict[str, list[float]] = {}
+    breakdowns: list[str] = []  # the defaults' runs', in order
     for name, settings in (("defaults", {}), ("candidate", candidate)):
         engine = gpu.make_engine(gpu.QWEN3_06B, 2048, **settings)
-        runs[name] = [gpu.w1_tokens_per_s(engine)[0] for _ in range(W1_REPEATS)]
+        runs[name] = []
+        for _ in range(W1_REPEATS):
+            timeline = StepTimeline(engine)
+            runs[name].append(gpu.w1_tokens_per_s(engine, timeline=timeline)[0])
+            if name == "defaults":
+                breakdowns.append(timeline.summary())
         gpu.free(engine)
     median = {name: statistics.median(values) for name, values in runs.items()}
     rows = [[name, f"{median[name]:,.0f}", _runs(runs[name])] for name in runs]
@@ -112,7 +120,10 @@ def run_w1_candidate(limits: gpu.Limits, candidate: dict) -> tuple[str, str]:
         f"Defaults: this commit's defaults; candidate: the defaults with {named}; "
         f"candidate / defaults = {median['candidate'] / median['defaults']:.3f}. "
         f"{W1_REPEATS} runs each on an engine of its own, the defaults first. Copy bandwidth "
-        f"{limits.copy_bytes_per_s / 1e12:.2f} TB/s in this run."
+        f"{limits.copy_bytes_per_s / 1e12:.2f} TB/s in this run. Where the defaults' last run's "
+        f"time went, by kind of step (host: the engine thread scheduling and taking results; "
+        f"waiting: on the executor): {breakdowns[-1]}. Their first run, for what it pays to "
+        f"warm up: {breakdowns[0]}."
     )
     return format_table(header, rows), notes
 

@@ -16,8 +16,13 @@ def test_w1_candidate_builds_an_engine_per_side_and_reports_medians(monkeypatch)
         built.append(settings)
         return "candidate" if settings else "defaults"
 
+    def fake_run(engine, logprobs=None, timeline=None):
+        rate = next(rates[engine])
+        timeline.steps.append(StepRecord(4, 0, rate / 100, 0.1))  # each run's own decode time
+        return rate, 1000
+
     monkeypatch.setattr(gpu, "make_engine", fake_engine)
-    monkeypatch.setattr(gpu, "w1_tokens_per_s", lambda engine: (next(rates[engine]), 1000))
+    monkeypatch.setattr(gpu, "w1_tokens_per_s", fake_run)
     monkeypatch.setattr(gpu, "free", freed.append)
     limits = gpu.Limits(copy_bytes_per_s=4e12, matmul_flop_per_s=7e14)
     table, notes = gpu_run.run_w1(limits, {"device.pdl": True})
@@ -26,6 +31,10 @@ def test_w1_candidate_builds_an_engine_per_side_and_reports_medians(monkeypatch)
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     assert "110" in rows["defaults"] and "140" in rows["candidate"]
     assert "device.pdl=True" in notes and "1.273" in notes
+    # the defaults' last run (110 tok/s: 1.20 s) and first (100: 1.10 s); no candidate run's
+    last, first = notes.split("warm up: ")
+    assert "1.20 s" in last.split("time went")[1] and "1.10 s" in first
+    assert not any(f"{rate / 100 + 0.1:.2f} s" in notes for rate in (130, 150, 140))
 
 
 class _RecordingEngine:
