@@ -56,8 +56,9 @@
 #                                 order, warps) at W1's large steps and the 8B's batches 8 and 64,
 #                                 each timed in a CUDA graph
 #   tools/gpu_issue22.sh goals    one call for an H200: W4 of every format (the goals table's
-#                                 defaults) against PDL in graphs of up to 8 sequences, W1 (the
-#                                 defaults) against two key tiles buffered in decode attention
+#                                 defaults) against PDL in graphs of up to 8 sequences, three
+#                                 runs a side (W4_REPEATS), W1 (the defaults, their breakdown)
+#                                 against two key tiles buffered in decode attention
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_stages=5) against the
 #                                 defaults (three runs a side)
@@ -310,7 +311,8 @@ case "${1:-}" in
     echo "== 8B"; grep -E "^\||copy" "$out/attn_8b.log"; tail -3 "$out/attn_8b.log" | grep -v "^|"
     ;;
   goals)  # the goals table and the two pending settings, in one call (W4_S: W4's time limit)
-    w4 none,fp8,wint8,wint4 "${W4_S:-330}" goals --candidate device.pdl_max_batch=8
+    W4_REPEATS="${W4_REPEATS:-3}" w4 none,fp8,wint8,wint4 "${W4_S:-330}" goals \
+      --candidate device.pdl_max_batch=8
     timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md \
       --candidate device.decode_attention_stages=5 > "$out/w1_stages.log" 2>&1
