@@ -61,9 +61,13 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
         return methods
     switches = config.device
     projections = small_rows(
-        methods.projections, switches.fused_norm_products, switches.norms_in_product_finish
+        methods.projections,
+        switches.fused_norm_products,
+        switches.norms_in_product_finish,
+        switches.kernels_over_torch,
     )
-    return LinearMethods(projections, small_rows(methods.lm_head))
+    head = small_rows(methods.lm_head, over_torch=switches.kernels_over_torch)
+    return LinearMethods(projections, head)
 
 
 def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:
