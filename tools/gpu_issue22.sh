@@ -70,7 +70,7 @@
 #   tools/gpu_issue22.sh chain    W4 of wint4 with device.kernels_over_torch against the defaults
 #                                 (three runs a side; Qwen3-0.6B's int4 qkv, o and down, which the
 #                                 table gives to torch, through the kernels in PDL graphs), then
-#                                 W4 of the other formats with pdl_max_batch=8 (W4_S: its limit)
+#                                 int4's every-shape test (the rule's tiles where torch was chosen)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -374,10 +374,11 @@ case "${1:-}" in
     echo "== w4"; tail -8 "$out/w4_h.log"
     ;;
   chain)  # products the table gives to torch, through the kernels in PDL chains
-    W4_REPEATS=3 w4 wint4 240 chain --candidate device.kernels_over_torch=true
+    W4_REPEATS=3 w4 wint4 "${W4_S:-240}" chain --candidate device.kernels_over_torch=true
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "every_shape and int4" \
+      tests/compute/layers/gemv/test_gpu_gemv.py > "$out/every_shape.log" 2>&1
+    echo "== every shape, int4"; grep -E "passed|failed|^FAILED|^E  " "$out/every_shape.log" | tail -4
     echo "== w4 (defaults against kernels_over_torch)"; tail -8 "$out/w4_chain.log"
-    W4_REPEATS=3 w4 none,fp8,wint8 "${W4_S:-300}" goals --candidate device.pdl_max_batch=8
-    echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_goals.log"
     ;;
   profile)  # where a batch-1 step's time goes outside the products: kernels per step and their
             # GPU time with the defaults, PDL off (with it on, a kernel's time includes its wait)
