@@ -118,10 +118,6 @@ class DeviceOptions(_Section):
     # fp8 and on Qwen3-0.6B in bf16 (H100 and H200), 1.00-1.03x elsewhere, never slower. It
     # follows small_batch_kernels: with those off it does nothing.
     norms_in_product_finish: bool = True
-    # CUDA, with small_batch_kernels and pdl: in decode graphs launched with PDL, products whose
-    # shape the tuned table gives to torch (measured faster alone: Qwen3-0.6B's int4 qkv, o
-    # and down) take the kernels' rule tiles, so that no torch kernel breaks the chain.
-    kernels_over_torch: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and

@@ -67,11 +67,6 @@
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
-#   tools/gpu_issue22.sh chain    W4 of wint4 with device.kernels_over_torch against the defaults
-#                                 (three runs a side; Qwen3-0.6B's int4 qkv, o and down, which the
-#                                 table gives to torch, through the kernels in PDL graphs), then
-#                                 int4's every-shape test (the rule's tiles where torch was chosen;
-#                                 W4_MODELS=qwen3-0.6b: W4 of that model only)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -374,14 +369,6 @@ case "${1:-}" in
     echo "== profile (fp8, PDL off)"; grep -E "ms/step|per step|_chunk_maxima|_best_chunk|at::native::reduce" "$out/profile.log" | head -6
     echo "== w4"; tail -8 "$out/w4_h.log"
     ;;
-  chain)  # products the table gives to torch, through the kernels in PDL chains
-    W4_REPEATS=3 w4 wint4 "${W4_S:-240}" chain --candidate device.kernels_over_torch=true \
-      ${W4_MODELS:+--w4-models "$W4_MODELS"}
-    timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "every_shape and int4" \
-      tests/compute/layers/gemv/test_gpu_gemv.py > "$out/every_shape.log" 2>&1
-    echo "== every shape, int4"; grep -E "passed|failed|^FAILED|^E  " "$out/every_shape.log" | tail -4
-    echo "== w4 (defaults against kernels_over_torch)"; tail -8 "$out/w4_chain.log"
-    ;;
   profile)  # where a batch-1 step's time goes outside the products: kernels per step and their
             # GPU time with the defaults, PDL off (with it on, a kernel's time includes its wait)
     for run in "llama-3.1-8b none" "llama-3.1-8b fp8" "qwen3-0.6b none"; do
@@ -391,6 +378,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|chain" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals" >&2; exit 2 ;;
 esac
 exit 0

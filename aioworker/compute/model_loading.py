@@ -61,13 +61,9 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
         return methods
     switches = config.device
     projections = small_rows(
-        methods.projections,
-        switches.fused_norm_products,
-        switches.norms_in_product_finish,
-        switches.kernels_over_torch,
+        methods.projections, switches.fused_norm_products, switches.norms_in_product_finish
     )
-    head = small_rows(methods.lm_head, over_torch=switches.kernels_over_torch)
-    return LinearMethods(projections, head)
+    return LinearMethods(projections, small_rows(methods.lm_head))
 
 
 def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:

@@ -128,18 +128,9 @@ def table_entry(
 
 @functools.cache
 def _choose(
-    rows_class: int,
-    channels: int,
-    depth: int,
-    fmt: str,
-    gated: bool,
-    sms: int,
-    int4_group: int,
-    torch_allowed: bool,
+    rows_class: int, channels: int, depth: int, fmt: str, gated: bool, sms: int, int4_group: int
 ) -> Tiles | None:
     tuned = table_entry(rows_class, channels, depth, fmt, gated, int4_group)
-    if tuned is None and not torch_allowed:
-        tuned = MISSING  # the rule's tiles, though torch's product measured faster alone
     if tuned is not MISSING and (tuned is None or tuned.dot or rows_class == 1):
         return tuned  # (FMA tiles take one row only)
     rule = rule_tiles(channels, depth, gated, sms, fmt, rows_class)
@@ -148,16 +139,12 @@ def _choose(
     return rule
 
 
-def tiles_for(
-    rows: int, weight: torch.Tensor, gated: bool, int4_group: int = 0, torch_allowed: bool = True
-) -> Tiles | None:
+def tiles_for(rows: int, weight: torch.Tensor, gated: bool, int4_group: int = 0) -> Tiles | None:
     """Tiles for `rows` rows times `weight` ([N, K], int4's packed, in groups of `int4_group`
-    inputs; for `gated`, N = 2I), or None where torch's product measured faster (unless not
-    `torch_allowed`: then the rule's tiles there)."""
+    inputs; for `gated`, N = 2I), or None where torch's product measured faster."""
     channels, depth = weight.shape
     rows_class = 1 if rows == 1 else 2
     fmt = format_of(weight.dtype, int4_group)
     if weight.dtype in INT4_VALUES:
         depth *= INT4_VALUES[weight.dtype]
-    sms = sm_count(weight.device)
-    return _choose(rows_class, channels, depth, fmt, gated, sms, int4_group, torch_allowed)
+    return _choose(rows_class, channels, depth, fmt, gated, sm_count(weight.device), int4_group)

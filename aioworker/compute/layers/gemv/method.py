@@ -9,9 +9,7 @@ says where its kernel operands are (`OPERANDS`); formats without an entry are no
 takes a product's input before the layer's residual add and RMSNorm and does them in its kernel
 (with `fuse_norm`). With `norm_finish`, `apply_then_norm` does half of the residual add and
 RMSNorm after a product in its finish, and `apply_prenormed` the rest in the next product's
-(PreNormed), so that the norm launches no kernel. With `over_torch`, a product launched with
-PDL takes the kernels even where the tuned table measured torch's product faster alone: in a PDL
-chain a torch kernel also costs the overlap on both sides of it.
+(PreNormed), so that the norm launches no kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from aioworker.compute.layers import pdl
 from aioworker.compute.layers.cpu_packing import CpuPacked
 from aioworker.compute.layers.gemv.add_norm_input import (
     NORMED_DTYPES,
@@ -104,16 +101,11 @@ def kernel_devices() -> tuple[str, ...]:
 
 class SmallRows:
     def __init__(
-        self,
-        inner: LinearMethod,
-        fuse_norm: bool = False,
-        norm_finish: bool = False,
-        over_torch: bool = False,
+        self, inner: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
     ) -> None:
         self.inner = inner
         self.fuse_norm = fuse_norm
         self.norm_finish = norm_finish
-        self.over_torch = over_torch
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -164,8 +156,7 @@ class SmallRows:
         rows = x.reshape(-1, x.shape[-1])
         groups = operands.int4_groups
         int4_group = rows.shape[1] // groups[0].shape[1] if groups is not None else 0
-        torch_allowed = not (self.over_torch and pdl.launch_options())
-        tiles = tiles_for(rows.shape[0], operands.weight, gated, int4_group, torch_allowed)
+        tiles = tiles_for(rows.shape[0], operands.weight, gated, int4_group)
         weight = operands.weight
         if tiles is not None and tiles.blocks:
             # The FMA blocks tiles take x as it is: with the norm to fuse, the caller norms
@@ -247,17 +238,13 @@ class SmallRows:
 
 
 def small_rows(
-    method: LinearMethod,
-    fuse_norm: bool = False,
-    norm_finish: bool = False,
-    over_torch: bool = False,
+    method: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
 ) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
     (`apply_normed`); `norm_finish`: split it between the products around it
-    (`apply_then_norm`, `apply_prenormed`); `over_torch`: under PDL, the kernels where the
-    table gives a shape to torch's product."""
+    (`apply_then_norm`, `apply_prenormed`)."""
     inner = method.format if isinstance(method, QuantizedCopy) else method
     if type(inner) not in OPERANDS:
         return method
-    return SmallRows(method, fuse_norm, norm_finish, over_torch)
+    return SmallRows(method, fuse_norm, norm_finish)

@@ -140,17 +140,3 @@ def test_the_rule_gives_int4_its_blocks_tiles_where_they_take_the_groups(table) 
     assert choice.tiles_for(1, o, False, 16) == choice.rule_tiles(4096, 4096, False, 132)
     bf16 = torch.empty(4096, 4096, dtype=torch.bfloat16)
     assert not choice.tiles_for(1, bf16, False).blocks
-
-
-def test_a_shape_given_to_torch_takes_the_rule_where_torch_is_not_allowed(table) -> None:
-    table({"1024x2048 int4 one": None, "4096x1024 dense one": None})
-    o = torch.empty(1024, 2048 // 8, dtype=torch.int32)  # Qwen3-0.6B's o, int4
-    assert choice.tiles_for(1, o, False, 128) is None  # torch's, as measured for groups of 32
-    assert choice.tiles_for(1, o, False, 128, torch_allowed=False) == choice.rule_tiles(
-        1024, 2048, False, 132, "int4g128", 1
-    )
-    qkv = torch.empty(4096, 1024, dtype=torch.bfloat16)
-    assert choice.tiles_for(1, qkv, False) is None
-    assert choice.tiles_for(1, qkv, False, torch_allowed=False) == choice.rule_tiles(
-        4096, 1024, False, 132
-    )

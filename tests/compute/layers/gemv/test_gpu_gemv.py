@@ -82,7 +82,7 @@ def reference(x, values, gated):
 
 @pytest.mark.parametrize("fmt", ["bf16", "e4m3", "int8", "int4", "int4-words"])
 def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
-    from aioworker.compute.layers.gemv.choice import tiles_for
+    from aioworker.compute.layers.gemv.choice import rule_tiles, tiles_for
     from aioworker.compute.layers.gemv.product import small_rows_product
 
     failures = []
@@ -93,9 +93,8 @@ def test_every_shape_and_row_count_equals_the_reference(fmt: str) -> None:
         weight, scale, groups, values = stored(dense, fmt)
         for rows in range(1, 9):
             x = torch.randn(rows, depth, device="cuda", dtype=torch.bfloat16)
-            # Where the table leaves a shape to torch (None), the rule's tiles are checked, as
-            # device.kernels_over_torch multiplies with them there.
-            tiles = tiles_for(rows, weight, gated, torch_allowed=False)
+            # Where the table leaves a shape to torch (None), the rule's tiles are checked.
+            tiles = tiles_for(rows, weight, gated) or rule_tiles(channels, depth, gated, 132)
             want = reference(x, values, gated)
             # Split K both ways: a second kernel adds the partials, or the last program (fold).
             for fold in {tiles.fold, tiles.splits > 1}:

@@ -14,8 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from aioworker.compute.layers import pdl  # noqa: E402
-from aioworker.compute.layers.gemv import method, product  # noqa: E402
+from aioworker.compute.layers.gemv import product  # noqa: E402
 from aioworker.compute.layers.gemv.method import SmallRows, small_rows  # noqa: E402
 from aioworker.compute.layers.gemv.tiles import MAX_ROWS  # noqa: E402
 from aioworker.compute.layers.linear_method import UNQUANTIZED, methods_in  # noqa: E402
@@ -226,27 +225,3 @@ def test_an_lm_heads_quantized_copy_multiplies_on_the_kernels(fmt, monkeypatch) 
     atol = 1e-1 if DEVICE == "cuda" else 5e-2
     torch.testing.assert_close(layer.compute_logits(x), want, rtol=2e-2, atol=atol)
     assert read and read[0] != torch.float32  # the copy's int8 values or int4 words
-
-
-@pytest.mark.parametrize("over_torch", [False, True])
-def test_over_torch_refuses_torch_only_in_launches_with_pdl(over_torch, monkeypatch) -> None:
-    """device.kernels_over_torch: a PDL chain keeps to the kernels where the table gives a shape
-    to torch's product; launches without PDL (prefill, large batches) keep the table's choice."""
-    asked = []
-
-    def tiles_for(rows, weight, gated, int4_group=0, torch_allowed=True):
-        asked.append(torch_allowed)
-        return None  # torch's product, so no kernel runs here
-
-    monkeypatch.setattr(method, "tiles_for", tiles_for)
-    wrapped = SmallRows(UNQUANTIZED, over_torch=over_torch)
-    wrapped.devices = ("cpu",)
-    layer = torch.nn.Linear(64, 32, bias=False)
-    x = torch.randn(1, 64)
-    try:
-        for on in (False, True):
-            pdl.enable(on)
-            torch.testing.assert_close(wrapped.apply(layer, x), x @ layer.weight.T)
-    finally:
-        pdl.enable(False)
-    assert asked == [True, not over_torch]
