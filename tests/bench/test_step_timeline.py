@@ -44,15 +44,21 @@ def test_every_step_is_recorded_with_its_kind_and_the_times_add_up(engine) -> No
     assert decode_rows + sampled_in_prefill == sum(p.max_tokens for p in params)
     assert all(s.wait_s >= 0 and s.host_s > 0 for s in steps)
     assert sum(s.seconds for s in steps) == pytest.approx(wall, rel=0.2, abs=0.01)
+    # The executor thread's launch of each step, matched to it by step id: on the CPU a launch
+    # runs the whole step, so the launches together take most of the run.
+    assert all(s.launch_s is not None and s.launch_s > 0 for s in steps)
+    assert sum(s.launch_s for s in steps) <= wall
     assert "launch" not in vars(engine.core) and "complete" not in vars(engine.core)  # detached
+    assert "launch" not in vars(engine.core.executor.runner)
+    assert not timeline._launch_by_step  # every launch timed was taken by its step
 
 
 def test_the_summary_groups_steps_by_kind_and_batch() -> None:
     timeline = StepTimeline(engine=None)
     timeline.steps = [
         StepRecord(rows=4, prefill_tokens=300, wait_s=0.010, host_s=0.002),
-        StepRecord(rows=200, prefill_tokens=0, wait_s=0.004, host_s=0.001),
-        StepRecord(rows=200, prefill_tokens=0, wait_s=0.006, host_s=0.001),
+        StepRecord(rows=200, prefill_tokens=0, wait_s=0.004, host_s=0.001, launch_s=0.002),
+        StepRecord(rows=200, prefill_tokens=0, wait_s=0.006, host_s=0.001, launch_s=0.004),
         StepRecord(rows=3, prefill_tokens=0, wait_s=0.0, host_s=0.002),
     ]
     summary = timeline.summary()
@@ -60,9 +66,10 @@ def test_the_summary_groups_steps_by_kind_and_batch() -> None:
     assert parts[0].startswith("steps with prefill: 1 steps, 0.01 s (46%)")
     assert parts[1] == (
         "decode of <= 256: 2 steps, 0.01 s (46%), a step 1.00 ms host + 5.00 ms waiting on the "
-        "executor"
+        "executor (the executor's launch 3.00 ms)"
     )
     assert parts[2].startswith("decode of <= 8: 1 steps") and "2.00 ms host + 0.00 ms" in parts[2]
+    assert "launch" not in parts[2]  # not timed: nothing said
     assert parts[3] == "no Triton kernel compiled"  # never attached
 
 
