@@ -141,6 +141,10 @@ class DeviceOptions(_Section):
     # (Triton's num_stages; 0: Triton's default, which copies one key tile ahead; 5: two). The
     # H100 measured 5 no faster (W1 0.998x, docs/benchmarks.md); an H200 has yet to.
     decode_attention_stages: int = 0
+    # CUDA, attention_backend auto or triton: keys a decode attention program takes a tile. The
+    # H100 timed 128 3-6% faster alone at W1's large steps and 7% slower at the 8B's 64
+    # sequences (docs/benchmarks.md, 2026-12-06 18:30); W1 has yet to measure it.
+    decode_attention_tile: Literal[64, 128] = 64
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256

@@ -26,6 +26,7 @@ def test_shipped_default_config_loads() -> None:
         ("[cache]\ngpu_memory_utilization = 1.5\n", "gpu_memory_utilization is 1.5"),
         ("[model]\ndtype = 'int3'\n", r"\$.model.dtype"),
         ("[device]\ndecode_attention_warps = 6\n", r"\$.device.decode_attention_warps"),
+        ("[device]\ndecode_attention_tile = 96\n", r"\$.device.decode_attention_tile"),
         ("[device]\npdl_max_batch = 0\n", "device.pdl_max_batch is 0"),
         ("[device]\ndecode_attention_stages = 9\n", "device.decode_attention_stages is 9"),
         ("not toml ===", "not valid TOML"),

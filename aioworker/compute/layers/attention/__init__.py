@@ -22,7 +22,9 @@ def select_cuda_backend(options: DeviceOptions, block_size: int) -> AttentionBac
         from aioworker.compute.layers.attention.triton_decode import DecodeBuild
 
         build = DecodeBuild(
-            warps=options.decode_attention_warps, stages=options.decode_attention_stages or None
+            warps=options.decode_attention_warps,
+            stages=options.decode_attention_stages or None,
+            tile=options.decode_attention_tile,
         )
         return CudaAttentionBackend(block_size, options.fused_rope_attention, build)
     if name == "xformers":
