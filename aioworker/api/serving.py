@@ -18,7 +18,7 @@ from aioworker.api.prompts import Prompt
 from aioworker.api.shapes import ChatShape, CompletionShape
 from aioworker.core.outputs import FinishReason, RequestOutput
 from aioworker.core.sampling_params import SamplingParams
-from aioworker.wire.client import RequestStream
+from aioworker.wire.request_stream import RequestStream
 
 DONE = b"data: [DONE]\n\n"
 
