@@ -58,9 +58,9 @@
 #   tools/gpu_issue22.sh goals    one call for an H200: W4 of every format (the goals table's
 #                                 defaults) against PDL in graphs of up to 8 sequences, three
 #                                 runs a side (W4_REPEATS), W1 (the defaults, their breakdown)
-#                                 against two key tiles buffered in decode attention
+#                                 against decode attention's keys in tiles of 128
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
-#                                 SETTING (e.g. device.decode_attention_stages=5) against the
+#                                 SETTING (e.g. device.decode_attention_tile=128) against the
 #                                 defaults (three runs a side)
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
 #                                 (the kernels against the reference; greedy tokens through
@@ -315,10 +315,10 @@ case "${1:-}" in
       --candidate device.pdl_max_batch=8
     timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
       --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_stages=5 > "$out/w1_stages.log" 2>&1
+      --candidate device.decode_attention_tile=128 > "$out/w1_tile.log" 2>&1
     cp docs/benchmarks.md "$out/"
     echo "== w4 (defaults against pdl_max_batch=8)"; tail -12 "$out/w4_goals.log"
-    echo "== w1 (defaults against decode_attention_stages=5)"; tail -7 "$out/w1_stages.log"
+    echo "== w1 (defaults against decode_attention_tile=128)"; tail -7 "$out/w1_tile.log"
     ;;
   attn_w1)  # the builds' GPU tests, then W1: the defaults against each setting given
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/test_gpu.py \
