@@ -247,7 +247,9 @@ DEFAULT_BUILD = DecodeBuild()
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
-    """Enough programs to fill the GPU twice over, and no split shorter than two tiles."""
+    """Enough programs to fill the GPU twice over, and no split shorter than two default tiles
+    (128 keys), whatever tile a build takes: the splits device.decode_attention_tile=128 was
+    timed with (tools/bench_decode_kernel.py)."""
     programs = num_seqs * num_kv_heads
     wanted = -(-2 * num_sms // programs)
     return max(1, min(wanted, max_context // (2 * TILE_N), 64))
