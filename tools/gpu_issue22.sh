@@ -62,6 +62,9 @@
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_tile=128) against the
 #                                 defaults (three runs a side)
+#   tools/gpu_issue22.sh products  W1's large steps' products (Qwen3-0.6B, 80, 208 and 256 rows):
+#                                 cuBLAS against cuBLASLt and a Triton GEMM splitting K, each
+#                                 beside its roof (tools/bench_products.py)
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
 #                                 (the kernels against the reference; greedy tokens through
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
@@ -333,6 +336,10 @@ case "${1:-}" in
       cp docs/benchmarks.md "$out/"
       echo "== w1 $setting"; tail -7 "$out/w1_$name.log"
     done
+    ;;
+  products)  # W1's products at its large steps' rows against their roofs
+    timeout "${PRODUCTS_S:-300}" python3 tools/bench_products.py > "$out/products.log" 2>&1
+    echo "== products"; grep -E "^\||rows, a step|copy" "$out/products.log"
     ;;
   norms)  # device.norms_in_product_finish: tests, then W4 against the defaults
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
