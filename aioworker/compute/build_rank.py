@@ -285,6 +285,7 @@ def _cpu_decode_kernel(build: _Build, layers: list) -> PagedDecode | None:
 def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWeights, int]:
     from aioworker.compute.layers.attention import select_cuda_backend  # Triton enters here
     from aioworker.compute.step.cuda_runner import CudaModelRunner
+    from aioworker.compute.step.eager_warm_up import warm_up_eager
 
     config, device = build.config, build.device
     layers = model.attention_layers() + (draft.attention_layers() if draft else [])
@@ -334,6 +335,7 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
     weights = RankWeights(runner, allocate_cache)
     build.report_phase("WARMING")
     runner.capture_graphs()
+    warm_up_eager(runner)  # the eager steps' kernels, which the graphs do not compile
     runner.sampler.warm_up(build.model_config.vocab_size, build.dtype)
     return runner, weights, num_blocks
 

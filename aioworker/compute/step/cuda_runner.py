@@ -9,8 +9,6 @@ read and write only them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -25,23 +23,11 @@ from aioworker.compute.layers.attention.triton_decode import choose_num_splits
 from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans
 from aioworker.compute.small_copies import pinned_copy
 from aioworker.compute.step.cuda_graphs import MAX_VERIFY_GRAPH_BATCH, DecodeGraphs
+from aioworker.compute.step.cuda_step import CudaStep
 from aioworker.compute.step.drafting import NextDrafts
 from aioworker.compute.step.runner import ModelRunner
-from aioworker.compute.step.stages import Forwarded, PlanError, PreparedStep, Sampled, StepHandle
+from aioworker.compute.step.stages import Forwarded, PlanError, Sampled, StepHandle
 from aioworker.core.plan import StepPlan, StepResult
-
-
-@dataclass(kw_only=True)
-class CudaStep(PreparedStep):
-    """The CUDA runner's prepared step: host arrays, and whether the captured graphs run it."""
-
-    nums: np.ndarray  # tokens per scheduled sequence
-    starts: np.ndarray  # position of each one's first token
-    rows: np.ndarray  # each one's row of the block-table matrix
-    token_ids: np.ndarray  # the plan's input ids, PENDING_TOKEN where the device fills them
-    use_graphs: bool
-    use_verify_graphs: bool = False
-    sampled_rows: torch.Tensor | None = None  # set by forward: the rows whose tokens are kept
 
 
 class CudaModelRunner(ModelRunner):
@@ -118,10 +104,10 @@ class CudaModelRunner(ModelRunner):
 
     def _graphs(self, forward, max_batch: int, queries: int) -> DecodeGraphs:
         return DecodeGraphs(
-            forward, max_batch, self.scratch_row, self._num_splits, self.device, queries
+            forward, max_batch, self.scratch_row, self.num_splits, self.device, queries
         )
 
-    def _num_splits(self, batch_size: int) -> int:
+    def num_splits(self, batch_size: int) -> int:
         return choose_num_splits(batch_size, self.num_kv_heads, self.max_model_len, self.num_sms)
 
     def graph_forward(
@@ -147,7 +133,7 @@ class CudaModelRunner(ModelRunner):
         graphs = self.draft_graphs
         if graphs is not None and len(seq_ids) <= graphs.max_batch:
             return graphs.run_on_device(token_ids, positions, rows)
-        splits = self._num_splits(len(seq_ids))
+        splits = self.num_splits(len(seq_ids))
         return self.draft_graph_forward(token_ids, positions, rows, None, splits)
 
     def _decode_forward(
@@ -249,7 +235,7 @@ class CudaModelRunner(ModelRunner):
             step.sampled_rows = self._to_device(step.rows)
             return Forwarded(None, self._run_verify_graph(step))
         step.sampled_rows = self._to_device(step.rows[np.asarray(plan.sample)])
-        return Forwarded(self._forward_eager(step, plan))
+        return Forwarded(self.forward_eager(step, plan))
 
     def catch_up_draft(self, plan: StepPlan, step: CudaStep) -> None:
         """A separate draft's KV for this step's inputs: a decode step in the draft graphs
@@ -258,7 +244,7 @@ class CudaModelRunner(ModelRunner):
         if step.use_graphs and graphs is not None and len(step.nums) <= graphs.max_batch:
             graphs.run(step.token_ids, step.starts, step.rows)
         else:
-            self._forward_eager(step, plan, self.draft)
+            self.forward_eager(step, plan, self.draft)
 
     def record(self, plan: StepPlan, step: CudaStep, sampled: Sampled) -> None:
         # The next plan's PENDING_TOKEN inputs are read from here, on the device.
@@ -303,7 +289,7 @@ class CudaModelRunner(ModelRunner):
             and len(nums) <= self.graphs.max_batch
         )
 
-    def _forward_eager(self, step: CudaStep, plan: StepPlan, model=None) -> torch.Tensor:
+    def forward_eager(self, step: CudaStep, plan: StepPlan, model=None) -> torch.Tensor:
         """Final hidden states of every token row (prefill or mixed batches, or beyond the
         graphs), of the target or, for its catch-up, the draft."""
         token_ids, nums, starts, rows = step.token_ids, step.nums, step.starts, step.rows

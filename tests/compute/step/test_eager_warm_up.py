@@ -1,0 +1,71 @@
+"""The eager steps a CUDA rank runs while WARMING: one of each kind of launch that serving's
+eager steps make and the graphs do not (a few rows, each token-count specialization, each class
+of split count alone and beside a prefill, and verify queries where speculation is on)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from aioworker.compute.layers.attention.triton_decode import choose_num_splits
+from aioworker.compute.step.eager_warm_up import (
+    MIXED_PREFILL,
+    decode_counts,
+    split_class,
+    warm_steps,
+)
+from aioworker.core.plan import StepPlan
+
+
+def engine_splits(max_model_len: int):
+    return lambda batch: choose_num_splits(batch, 8, max_model_len, 132)
+
+
+def test_split_counts_fall_in_triton_s_three_specializations() -> None:
+    assert [split_class(s) for s in (1, 16, 32, 2, 3, 17)] == [
+        "one", "by16", "by16", "other", "other", "other",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("max_model_len", [1024, 2048, 4096, 131072])
+def test_decode_counts_are_the_first_batch_of_each_class(max_model_len: int) -> None:
+    splits = engine_splits(max_model_len)
+    counts = decode_counts(256, splits)
+    classes = {split_class(splits(batch)) for batch in range(1, 257)}
+    assert sorted(split_class(splits(count)) for count in counts) == sorted(classes)
+    for count in counts:  # no smaller batch has that class
+        assert all(split_class(splits(b)) != split_class(splits(count)) for b in range(1, count))
+
+
+def test_the_steps_cover_few_rows_each_token_class_and_every_split_class_alone_and_mixed() -> None:
+    splits = engine_splits(2048)
+    steps = warm_steps(256, splits)
+    tokens = {step.num_tokens for step in steps}
+    assert 1 in tokens and any(2 <= t <= 8 for t in tokens)  # the products' row classes
+    assert any(t % 16 == 0 for t in tokens) and any(t > 1 and t % 16 for t in tokens)
+    decodes = [step for step in steps if set(step.nums) == {1}]
+    mixed = [step for step in steps if step.nums[0] == MIXED_PREFILL and len(step.nums) > 1]
+    every_class = {split_class(splits(b)) for b in range(1, 256)}
+    assert {split_class(splits(len(s.nums))) for s in decodes} == every_class
+    assert {split_class(splits(len(s.nums) - 1)) for s in mixed} == every_class
+    assert all(not step.drafts for step in steps)  # no speculation, no verify queries
+    assert max(len(step.nums) for step in steps) <= 256
+
+
+def test_verify_queries_add_mixed_steps_whose_decodes_verify_drafts() -> None:
+    plain = warm_steps(64, engine_splits(1024))
+    steps = warm_steps(64, engine_splits(1024), verify_queries=5)
+    verify = steps[len(plain) :]
+    assert steps[: len(plain)] == plain and verify
+    for step in verify:
+        assert step.nums[0] == MIXED_PREFILL and set(step.nums[1:]) == {5}
+        assert step.drafts == (0,) + (4,) * (len(step.nums) - 1)
+
+
+def test_a_warm_step_is_a_valid_plan_of_new_sequences_each_sampling() -> None:
+    step = warm_steps(64, engine_splits(1024), verify_queries=3)[-1]
+    plan = msgspec.msgpack.decode(msgspec.msgpack.encode(step.plan()), type=StepPlan)
+    assert plan.num_scheduled_tokens == list(step.nums)
+    assert plan.num_tokens == step.num_tokens and set(plan.start_positions) == {0}
+    assert all(plan.sample) and plan.num_draft_tokens == list(step.drafts)
+    assert len(plan.seq_ids) == len(set(plan.seq_ids)) == len(step.nums)
