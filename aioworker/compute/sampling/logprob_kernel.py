@@ -5,6 +5,9 @@ this: on an H200 at 256 rows of Qwen3's 152k vocabulary, 0.9 ms, a quarter of a 
 0.6B model. One program per row reads its logits once: an online log-sum-exp, and a running set
 of the k best, which a tile touches only when its maximum beats the worst of them, so past the
 first tiles almost none do.
+
+k is a runtime argument and only its power of two a compile-time one, so the kernel compiles for
+five paddings (warm_up, while the rank is WARMING), not once for each `logprobs` a request asks.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from aioworker.core.sampling_params import MAX_LOGPROBS
 
 BLOCK = 4096
 
@@ -23,7 +28,7 @@ def _lse_top_k(
     lse_ptr,
     values_ptr,
     ids_ptr,
-    K: tl.constexpr,
+    K,
     K_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -43,14 +48,15 @@ def _lse_top_k(
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
         running_max = new_max
         if tile_max > tl.min(best, 0):
-            for _ in tl.static_range(K):
-                candidate = tl.max(x, 0)
-                if candidate > tl.min(best, 0):
-                    lane = tl.argmax(x, 0)
-                    slot = tl.argmin(best, 0)
-                    best = tl.where(slots == slot, candidate, best)
-                    best_ids = tl.where(slots == slot, start + lane, best_ids)
-                    x = tl.where(lanes == lane, float("-inf"), x)
+            for i in tl.static_range(K_PAD):
+                if i < K:
+                    candidate = tl.max(x, 0)
+                    if candidate > tl.min(best, 0):
+                        lane = tl.argmax(x, 0)
+                        slot = tl.argmin(best, 0)
+                        best = tl.where(slots == slot, candidate, best)
+                        best_ids = tl.where(slots == slot, start + lane, best_ids)
+                        x = tl.where(lanes == lane, float("-inf"), x)
     tl.store(lse_ptr + row, running_max + tl.log(running_sum))
     tl.store(values_ptr + row * K_PAD + slots, best)
     tl.store(ids_ptr + row * K_PAD + slots, best_ids)
@@ -60,10 +66,22 @@ def lse_and_top_k(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     """scaled: [R, V] float32, contiguous -> (log-sum-exp [R], top k values [R, k] largest
     first, their ids [R, k] int64)."""
     rows, vocab = scaled.shape
-    k_pad = max(2, triton.next_power_of_2(k))
+    k_pad = padded(k)
     lse = torch.empty(rows, dtype=torch.float32, device=scaled.device)
     values = torch.empty(rows, k_pad, dtype=torch.float32, device=scaled.device)
     ids = torch.empty(rows, k_pad, dtype=torch.int32, device=scaled.device)
     _lse_top_k[(rows,)](scaled, vocab, lse, values, ids, K=k, K_PAD=k_pad, BLOCK=BLOCK, num_warps=8)
     values, order = values[:, :k].sort(dim=-1, descending=True)
     return lse, values, ids[:, :k].gather(1, order).long()
+
+
+def padded(k: int) -> int:
+    """The kernel's slots for the top k: its compile-time argument."""
+    return max(2, triton.next_power_of_2(k))
+
+
+def warm_up(vocab: int, device: torch.device) -> None:
+    """Compile the kernel for every padding a request's `logprobs` (0 to MAX_LOGPROBS) needs."""
+    zeros = torch.zeros(1, vocab, device=device)
+    for k in sorted({padded(k) for k in range(MAX_LOGPROBS + 1)}):
+        lse_and_top_k(zeros, min(k, MAX_LOGPROBS))

@@ -59,14 +59,18 @@ class Sampler:
             self.argmax_kernel = argmax_kernel
 
     def warm_up(self, vocab_size: int, dtype: torch.dtype = torch.float32) -> None:
-        """Compile the one-pass kernel and the argmax's now (the rank's WARMING phase), not in
-        the step of the first request that samples. `dtype`: the model's, its logits'."""
+        """Compile the one-pass kernel, the argmax's and the logprobs' now (the rank's WARMING
+        phase), not in the step of the first request that samples or asks for logprobs.
+        `dtype`: the model's, its logits'."""
         if self.draw_rows is not None:
             zeros = torch.zeros(1, vocab_size, device=self.device)
             self.draw_rows(zeros, torch.zeros(1, dtype=torch.int64, device=self.device))
             for logits in (zeros, zeros.to(dtype)):  # greedy steps read either as they are
                 if self.argmax_kernel.takes(logits):
                     self.argmax_kernel.argmax_rows(logits)
+            from aioworker.compute.sampling import logprob_kernel
+
+            logprob_kernel.warm_up(vocab_size, self.device)
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """logits: [S, V] -> sampled token ids [S] (on the logits' device)."""

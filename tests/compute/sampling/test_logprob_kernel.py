@@ -30,3 +30,17 @@ def test_lse_and_top_k_equal_torch(vocab: int, k: int) -> None:
     expected_values, expected_ids = scaled.topk(k, dim=-1)
     assert torch.allclose(lse, torch.logsumexp(scaled, dim=-1), atol=1e-5, rtol=1e-6)
     assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
+
+
+def test_the_warm_up_compiles_each_padding_that_a_request_may_need(monkeypatch) -> None:
+    """Every logprobs count a request may ask (0 to MAX_LOGPROBS) pads to a slot count the
+    warm-up launched, so none compiles the kernel in service."""
+    from aioworker.compute.sampling import logprob_kernel
+    from aioworker.core.sampling_params import MAX_LOGPROBS
+
+    launched = []
+    monkeypatch.setattr(logprob_kernel, "lse_and_top_k", lambda x, k: launched.append(k))
+    logprob_kernel.warm_up(64, torch.device("cpu"))
+    warmed = {logprob_kernel.padded(k) for k in launched}
+    assert {logprob_kernel.padded(k) for k in range(MAX_LOGPROBS + 1)} == warmed
+    assert len(launched) == len(warmed) == 5 and max(launched) <= MAX_LOGPROBS

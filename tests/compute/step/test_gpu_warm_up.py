@@ -1,6 +1,7 @@
 """On the GPU: after a rank has warmed up, serving's eager steps (prefill chunks beside decodes,
 prompts of a few tokens) compile no Triton kernel; without the eager warm-up the same requests
-do. Each side runs in a fresh process, whose Triton has launched nothing yet."""
+do. Each side runs in a fresh process, whose Triton has launched nothing yet. (Logprobs' kernel
+is warmed by the sampler on both sides.)"""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def _compiled_in_service(model_dir: str, warm: bool, found) -> None:
             engine.generate([[5, 6, 7]], greedy)  # a prompt of three tokens, alone
             sampled = SamplingParams(temperature=0.8, seed=1, max_tokens=4, ignore_eos=True)
             engine.generate(prompts, sampled)
+            scored = SamplingParams(temperature=0.0, max_tokens=4, logprobs=3, ignore_eos=True)
+            engine.generate(prompts[:1], scored)  # logprobs: each k pads to a warmed size
         found.put([name for name, _ in compiles.compiled])
     finally:
         engine.close()
