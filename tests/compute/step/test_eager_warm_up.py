@@ -4,17 +4,25 @@ of split count alone and beside a prefill, and verify queries where speculation 
 
 from __future__ import annotations
 
+import os
+import types
+
 import msgspec
 import pytest
+import torch
 
-from aioworker.compute.layers.attention.triton_decode import choose_num_splits
-from aioworker.compute.step.eager_warm_up import (
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from aioworker.compute.layers.attention.triton_decode import choose_num_splits  # noqa: E402
+from aioworker.compute.step.eager_warm_up import (  # noqa: E402
     MIXED_PREFILL,
     decode_counts,
     split_class,
     warm_steps,
 )
-from aioworker.core.plan import StepPlan
+from aioworker.core.plan import StepPlan  # noqa: E402
 
 
 def engine_splits(max_model_len: int):
@@ -69,3 +77,55 @@ def test_a_warm_step_is_a_valid_plan_of_new_sequences_each_sampling() -> None:
     assert plan.num_tokens == step.num_tokens and set(plan.start_positions) == {0}
     assert all(plan.sample) and plan.num_draft_tokens == list(step.drafts)
     assert len(plan.seq_ids) == len(set(plan.seq_ids)) == len(step.nums)
+
+
+@pytest.mark.parametrize("verify_queries", [0, 4], ids=["plain", "verify"])
+def test_the_warm_up_runs_through_the_cuda_runner_and_writes_only_the_scratch_block(
+    tmp_path, monkeypatch, verify_queries: int
+) -> None:
+    """The CUDA runner's eager path and its Triton kernels, on the CPU (Triton's interpreter;
+    the few CUDA calls the runner makes stand in): every warm step runs, and of the cache only
+    the scratch block, which no sequence owns, is written."""
+    from aioworker.checkpoint.model_config import load_model_config
+    from aioworker.compute.kv_cache import allocate_kv_cache
+    from aioworker.compute.layers.attention import select_cuda_backend
+    from aioworker.compute.model_loading import build_model, linear_methods
+    from aioworker.compute.parallel import SINGLE
+    from aioworker.compute.sampling.sampler import Sampler
+    from aioworker.compute.step import eager_warm_up
+    from aioworker.compute.step.cuda_runner import CudaModelRunner
+    from aioworker.config import load_config
+    from tests.tiny_models import build_tiny_model
+
+    sms = types.SimpleNamespace(multi_processor_count=8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args: self)
+    build_tiny_model("qwen3", tmp_path)
+    cfg = load_model_config(tmp_path)
+    config = load_config(overrides={"model.path": str(tmp_path), "device.kind": "cpu"})
+    cpu = torch.device("cpu")
+    model = build_model(cfg, 256, SINGLE, cpu, torch.float32, linear_methods(cfg, config, cpu))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.02)
+    layers = model.attention_layers()
+    allocate_kv_cache(layers, 17, 16, torch.float32, cpu)  # 16 blocks and the scratch block
+    runner = CudaModelRunner(
+        model, select_cuda_backend(config.device, 16), Sampler(0, cpu, one_pass=False), cpu,
+        SINGLE, block_size=16, num_blocks=16, max_num_seqs=40, max_model_len=256,
+        max_capture_batch_size=0, max_verify_queries=verify_queries,
+    )  # fmt: skip
+    ran = []
+    forward = runner.forward_eager
+    monkeypatch.setattr(
+        runner, "forward_eager", lambda step, plan: ran.append(plan) or forward(step, plan)
+    )
+    before = [layer.k_cache.clone() for layer in layers]
+    eager_warm_up.warm_up_eager(runner)
+    expected = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries)
+    assert [plan.num_scheduled_tokens for plan in ran] == [list(s.nums) for s in expected]
+    assert any(plan.has_drafts for plan in ran) == (verify_queries > 0)
+    for old, layer in zip(before, layers, strict=True):
+        assert torch.equal(old[:16], layer.k_cache[:16])  # the sequences' blocks untouched
+        assert not torch.equal(old[16], layer.k_cache[16])  # the scratch block written
