@@ -30,6 +30,26 @@ COPIES_BYTES = 256 << 20  # weights copies cycled a replay: more than any GPU's 
 
 
 @triton.jit
+def _tile_sums(
+    x_ptr, w_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr
+):
+    """This program's float32 sums of x[rows] @ w[cols]^T over its slice of K, and its rows
+    and columns. Programs of one channel tile are neighbours (the grid's first axis is the rows'
+    tiles), so its weights come from DRAM once and from L2 for its other row tiles."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    span = K // SPLIT
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(pid_k * span, (pid_k + 1) * span, BK):
+        ks = k + tl.arange(0, BK)
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=rows[:, None] < M, other=0.0)
+        w = tl.load(w_ptr + cols[None, :] * K + ks[:, None], mask=cols[None, :] < N, other=0.0)
+        acc = tl.dot(x, w, acc)
+    return acc, rows, cols
+
+
+@triton.jit
 def _gemm(
     x_ptr,
     w_ptr,
@@ -43,18 +63,8 @@ def _gemm(
     SPLIT: tl.constexpr,
 ):
     """out[M, N] (+)= x[M, K] @ w[N, K]^T over this program's slice of K; with SPLIT > 1 the
-    slices add into a float32 out by atomics. Programs of one channel tile are neighbours, so
-    its weights come from DRAM once and from L2 for the other row tiles."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_m * BM + tl.arange(0, BM)
-    cols = pid_n * BN + tl.arange(0, BN)
-    span = K // SPLIT
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(pid_k * span, (pid_k + 1) * span, BK):
-        ks = k + tl.arange(0, BK)
-        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=rows[:, None] < M, other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * K + ks[:, None], mask=cols[None, :] < N, other=0.0)
-        acc = tl.dot(x, w, acc)
+    slices add into a float32 out by atomics."""
+    acc, rows, cols = _tile_sums(x_ptr, w_ptr, M, N, K, BM, BN, BK, SPLIT)
     where = out_ptr + rows[:, None] * N + cols[None, :]
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     if SPLIT == 1:
@@ -81,21 +91,12 @@ def _gemm_fold(
     """`_gemm` with K split and no second kernel: each program stores its float32 sums, and the
     last of an output tile's programs to arrive adds them, stores the output and sets the
     tile's count back to 0 (as the few-rows kernels' FOLD does)."""
-    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = pid_m * BM + tl.arange(0, BM)
-    cols = pid_n * BN + tl.arange(0, BN)
-    span = K // SPLIT
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(pid_k * span, (pid_k + 1) * span, BK):
-        ks = k + tl.arange(0, BK)
-        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=rows[:, None] < M, other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * K + ks[:, None], mask=cols[None, :] < N, other=0.0)
-        acc = tl.dot(x, w, acc)
+    acc, rows, cols = _tile_sums(x_ptr, w_ptr, M, N, K, BM, BN, BK, SPLIT)
     at = rows[:, None] * N + cols[None, :]
     mask = (rows[:, None] < M) & (cols[None, :] < N)
-    tl.store(partial_ptr + pid_k * M * N + at, acc, mask=mask)
+    tl.store(partial_ptr + tl.program_id(2) * M * N + at, acc, mask=mask)
     tl.debug_barrier()
-    tile = pid_m * tl.num_programs(1) + pid_n
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     if tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
         total = tl.zeros((BM, BN), dtype=tl.float32)
         for other in range(SPLIT):
