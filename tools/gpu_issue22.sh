@@ -65,6 +65,8 @@
 #   tools/gpu_issue22.sh products  W1's large steps' products (Qwen3-0.6B, 80, 208 and 256 rows):
 #                                 cuBLAS against cuBLASLt and a Triton GEMM splitting K, each
 #                                 beside its roof (tools/bench_products.py)
+#   tools/gpu_issue22.sh w1host   what the executor's host does launching W1's prefill steps (28 ms
+#                                 each on an H100): cProfile over 256 prompts of 560 tokens
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
 #                                 (the kernels against the reference; greedy tokens through
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
@@ -340,6 +342,11 @@ case "${1:-}" in
   products)  # W1's products at its large steps' rows against their roofs
     timeout "${PRODUCTS_S:-300}" python3 tools/bench_products.py > "$out/products.log" 2>&1
     echo "== products"; grep -E "^\||rows, a step|copy" "$out/products.log"
+    ;;
+  w1host)  # the executor thread's host work for W1-sized prefill steps, by function
+    timeout "${HOST_S:-200}" python3 tools/profile_step.py --prefill-host --batch 256 \
+      --prompt-tokens 560 > "$out/w1_host.log" 2>&1
+    echo "== prefill launches"; head -40 "$out/w1_host.log"
     ;;
   norms)  # device.norms_in_product_finish: tests, then W4 against the defaults
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \

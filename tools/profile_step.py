@@ -7,11 +7,21 @@ their GPU time, the top kernels, and the host-side split (scheduler vs executor)
 
 W1's large decode steps are about --batch 200 --prompt-tokens 800 on qwen3-0.6b (docs/
 benchmarks.md, "Where W1's time goes").
+
+    python tools/profile_step.py --prefill-host [--batch 256] [--prompt-tokens 560]
+
+instead profiles the executor thread's host work in launching prefill steps (cProfile, the
+functions by their own time and by cumulative time): W1's prefill steps took the executor 28 ms
+each to launch on an H100, about as long as their GPU work (docs/benchmarks.md, 2026-12-07).
+A first batch of the same prompts runs before, so that compiles are not counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import random
 import time
 
@@ -35,6 +45,7 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any config key"
     )
+    parser.add_argument("--prefill-host", action="store_true", help="see the module's doc")
     args = parser.parse_args()
     engine = make_engine(
         MODELS / args.model,
@@ -45,6 +56,8 @@ def main() -> None:
             **parse_settings(args.set, "--set"),
         },
     )
+    if args.prefill_host:
+        return profile_prefill_launches(engine, args.batch, args.prompt_tokens)
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for _ in range(args.batch):
@@ -100,6 +113,38 @@ def main() -> None:
             "and waits inside (griddepcontrol.wait), so its time above includes that wait and "
             "the kernels' sum can exceed the wall time. For kernel costs: --set device.pdl=false"
         )
+    engine.close()
+
+
+def profile_prefill_launches(engine, batch: int, prompt_tokens: int) -> None:
+    """cProfile of the executor thread's `runner.launch` for steps that prefill, over the
+    second of two batches of `batch` prompts (the first compiles)."""
+    runner = engine.core.executor.runner
+    launch, profiler, launches = runner.launch, cProfile.Profile(), []
+
+    def profiled(plan):
+        if not any(n > 1 for n in plan.num_scheduled_tokens):
+            return launch(plan)
+        started = time.perf_counter()
+        profiler.enable()
+        try:
+            return launch(plan)
+        finally:
+            profiler.disable()
+            launches.append(time.perf_counter() - started)
+
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.6, max_tokens=2, ignore_eos=True)
+    for attempt in range(2):
+        if attempt == 1:
+            runner.launch = profiled
+        engine.generate([random_prompt(prompt_tokens, 10000, rng) for _ in range(batch)], params)
+    del runner.launch
+    print(f"{len(launches)} prefill launches, {1e3 * sum(launches) / len(launches):.2f} ms each")
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(20)
+        print(text.getvalue())
     engine.close()
 
 
