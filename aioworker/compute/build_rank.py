@@ -335,7 +335,8 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
     weights = RankWeights(runner, allocate_cache)
     build.report_phase("WARMING")
     runner.capture_graphs()
-    warm_up_eager(runner)  # the eager steps' kernels, which the graphs do not compile
+    # The eager steps' kernels, which the graphs do not compile.
+    warm_up_eager(runner, config.scheduler.step_token_budget(device.type))
     runner.sampler.warm_up(build.model_config.vocab_size, build.dtype)
     return runner, weights, num_blocks
 

@@ -10,8 +10,12 @@ steps launch others, and the first such step in service stalled on the compiler:
 - a step of a few tokens (a short prompt, or one whose prefix was cached) runs the few-rows
   products without PDL, which the graphs of up to pdl_max_batch sequences launch with it.
 
+- a prefill's token count picks MoE experts' tiles (moe/triton_experts.block_sizes), so the
+  first long prompt on an MoE rank compiled larger ones.
+
 So the rank runs, on its scratch row and block (whose contents nothing reads), prefills of a few
-rows and of each token-count specialization, and for each class of split count that
+rows, of each token-count specialization and of 64, 256, 1,024... tokens up to the step's token
+budget, and for each class of split count that
 `choose_num_splits` gives a decode batch, a decode step of that batch (eager where graphs are
 off) and a mixed step (with several queries a sequence too, where speculation verifies drafts).
 """
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
     from aioworker.compute.step.cuda_runner import CudaModelRunner
 
 PREFILL_LENGTHS = (3, 16, 17)  # a few rows, then 16k and other token counts (one: a decode)
+LONG_PREFILLS = (64, 256, 1024, 4096, 16384)  # those within the step's budget: MoE's tile classes
 MIXED_PREFILL = 17  # the prefill chunk beside a mixed step's decodes
 
 
@@ -76,14 +81,20 @@ def decode_counts(max_num_seqs: int, num_splits: Callable[[int], int]) -> list[i
 
 
 def warm_steps(
-    max_num_seqs: int, num_splits: Callable[[int], int], verify_queries: int = 0
+    max_num_seqs: int,
+    num_splits: Callable[[int], int],
+    verify_queries: int = 0,
+    step_tokens: int = 0,
 ) -> list[WarmStep]:
-    """The eager steps to run: prefills of PREFILL_LENGTHS tokens; for each class of split
+    """The eager steps to run: prefills of PREFILL_LENGTHS tokens, and of LONG_PREFILLS up to
+    `step_tokens` (the step's token budget: no more than profiling sized the cache for, 0:
+    none); for each class of split
     count, that many decodes alone (a sequence of one token at position 0 is decoded, not
     prefilled), and beside a prefill chunk (leaving a row for the chunk); with
     `verify_queries` > 1, the mixed steps again with each decode verifying verify_queries - 1
     drafts."""
-    steps = [WarmStep((length,)) for length in PREFILL_LENGTHS]
+    lengths = PREFILL_LENGTHS + tuple(n for n in LONG_PREFILLS if n <= step_tokens)
+    steps = [WarmStep((length,)) for length in lengths]
     decodes = decode_counts(max(1, max_num_seqs - 1), num_splits)
     steps += [WarmStep((1,) * count) for count in decodes]
     steps += [WarmStep((MIXED_PREFILL,) + (1,) * count) for count in decodes]
@@ -96,10 +107,13 @@ def warm_steps(
 
 
 @torch.inference_mode()
-def warm_up_eager(runner: CudaModelRunner) -> None:
+def warm_up_eager(runner: CudaModelRunner, step_tokens: int) -> None:
     """Run `warm_steps` through the runner's eager forward and the LM head, on its scratch row
-    and block (and the draft's, where the draft keeps a cache), then wait for them."""
-    steps = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries)
+    and block (and the draft's, where the draft keeps a cache), then wait for them.
+    `step_tokens`: the step's token budget (a prefill is also at most max_model_len long: the
+    scratch row holds no more blocks)."""
+    longest = min(step_tokens, runner.max_model_len)
+    steps = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries, longest)
     for warm in steps:
         nums = np.asarray(warm.nums, dtype=np.int64)
         step = CudaStep(

@@ -60,6 +60,14 @@ def test_the_steps_cover_few_rows_each_token_class_and_every_split_class_alone_a
     assert max(len(step.nums) for step in steps) <= 256
 
 
+def test_long_prefills_reach_the_step_budget_and_no_further() -> None:
+    """MoE's expert tiles change with a prefill's length: the warm-up prefills 64, 256, 1,024...
+    tokens, as many as the step's token budget allows (what profiling sized the cache for)."""
+    lengths = {s.num_tokens for s in warm_steps(64, engine_splits(8192), step_tokens=2048)}
+    assert {64, 256, 1024} <= lengths and max(lengths) <= 2048
+    assert max(s.num_tokens for s in warm_steps(64, engine_splits(8192))) < 64
+
+
 def test_verify_queries_add_mixed_steps_whose_decodes_verify_drafts() -> None:
     plain = warm_steps(64, engine_splits(1024))
     steps = warm_steps(64, engine_splits(1024), verify_queries=5)
@@ -122,8 +130,9 @@ def test_the_warm_up_runs_through_the_cuda_runner_and_writes_only_the_scratch_bl
         runner, "forward_eager", lambda step, plan: ran.append(plan) or forward(step, plan)
     )
     before = [layer.k_cache.clone() for layer in layers]
-    eager_warm_up.warm_up_eager(runner)
-    expected = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries)
+    eager_warm_up.warm_up_eager(runner, step_tokens=8192)  # prefills capped at max_model_len
+    expected = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries, 256)
+    assert {64, 256} <= {sum(plan.num_scheduled_tokens) for plan in ran}
     assert [plan.num_scheduled_tokens for plan in ran] == [list(s.nums) for s in expected]
     assert any(plan.has_drafts for plan in ran) == (verify_queries > 0)
     for old, layer in zip(before, layers, strict=True):
