@@ -8,16 +8,15 @@ steps launch others, and the first such step in service stalled on the compiler:
   with the split count its decode batch gets; W1's first run on an H100 compiled it twice,
   0.73 s (docs/benchmarks.md, 2026-12-07 05:35);
 - a step of a few tokens (a short prompt, or one whose prefix was cached) runs the few-rows
-  products without PDL, which the graphs of up to pdl_max_batch sequences launch with it.
-
-- a prefill's token count picks MoE experts' tiles (moe/triton_experts.block_sizes), so the
-  first long prompt on an MoE rank compiled larger ones.
+  products without PDL, which the graphs of up to pdl_max_batch sequences launch with it;
+- a prefill's token count picks an MoE layer's expert tiles (moe/triton_experts.block_sizes), so
+  the first long prompt on an MoE rank would compile larger ones.
 
 So the rank runs, on its scratch row and block (whose contents nothing reads), prefills of a few
 rows, of each token-count specialization and of 64, 256, 1,024... tokens up to the step's token
-budget, and for each class of split count that
-`choose_num_splits` gives a decode batch, a decode step of that batch (eager where graphs are
-off) and a mixed step (with several queries a sequence too, where speculation verifies drafts).
+budget; and for each class of split count that `choose_num_splits` gives a decode batch, a
+decode step of that batch (eager where graphs are off) and a mixed step (with several queries a
+sequence too, where speculation verifies drafts).
 """
 
 from __future__ import annotations
@@ -87,12 +86,11 @@ def warm_steps(
     step_tokens: int = 0,
 ) -> list[WarmStep]:
     """The eager steps to run: prefills of PREFILL_LENGTHS tokens, and of LONG_PREFILLS up to
-    `step_tokens` (the step's token budget: no more than profiling sized the cache for, 0:
-    none); for each class of split
-    count, that many decodes alone (a sequence of one token at position 0 is decoded, not
-    prefilled), and beside a prefill chunk (leaving a row for the chunk); with
-    `verify_queries` > 1, the mixed steps again with each decode verifying verify_queries - 1
-    drafts."""
+    `step_tokens` (the step's token budget: no more than profiling sized the cache for; 0:
+    none); for each class of split count, that many decodes alone (a sequence of one token at
+    position 0 is decoded, not prefilled) and beside a prefill chunk (leaving a row for the
+    chunk); with `verify_queries` > 1, the mixed steps again with each decode verifying
+    verify_queries - 1 drafts."""
     lengths = PREFILL_LENGTHS + tuple(n for n in LONG_PREFILLS if n <= step_tokens)
     steps = [WarmStep((length,)) for length in lengths]
     decodes = decode_counts(max(1, max_num_seqs - 1), num_splits)
