@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
+from aioworker.bench.gpu import MODELS
+from aioworker.checkpoint.model_config import ModelConfig, load_model_config
+
 COPIES_BYTES = 256 << 20  # weights copies cycled a replay: more than any GPU's L2
 
 
@@ -176,20 +176,15 @@ def configs(k: int, limit: int) -> list[tuple[int, ...]]:
     return found[:limit]
 
 
-def products(model: str) -> dict[str, tuple[int, int]]:
-    """(N, K) of each product of a decoder layer, and the LM head, from configs/models/."""
-    import json
-
-    cfg = json.loads((MODELS / model / "config.json").read_text())
-    d, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or d // heads
-    inter = cfg["intermediate_size"]
+def products(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(N, K) of each product of a decoder layer, and of the LM head."""
+    d, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
     return {
-        "qkv": ((heads + 2 * kv) * head_dim, d),
-        "o": (d, heads * head_dim),
-        "gate_up": (2 * inter, d),
-        "down": (d, inter),
-        "lm_head": (cfg["vocab_size"], d),
+        "qkv": (q + 2 * kv, d),
+        "o": (d, q),
+        "gate_up": (2 * cfg.intermediate_size, d),
+        "down": (d, cfg.intermediate_size),
+        "lm_head": (cfg.vocab_size, d),
     }
 
 
@@ -238,8 +233,9 @@ def main() -> None:
     print(
         f"copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s, {torch.cuda.get_device_name()}"
     )
+    cfg = load_model_config(MODELS / args.model)
     table, sums = [], {}
-    for rows, (name, (n, k)) in itertools.product(args.rows, products(args.model).items()):
+    for rows, (name, (n, k)) in itertools.product(args.rows, products(cfg).items()):
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         copies = max(2, COPIES_BYTES // (n * k * 2))
         weights = [
@@ -291,9 +287,7 @@ def main() -> None:
         "BM x BN x BK x split x warps x stages",
     ]
     print(format_table(header, table))
-    layers = __import__("json").loads((MODELS / args.model / "config.json").read_text())[
-        "num_hidden_layers"
-    ]
+    layers = cfg.num_hidden_layers
     for rows in args.rows:
         line = ", ".join(
             f"{c} {sums[rows, c] * layers / 1e3:.3f} ms" for c in ("cuBLAS", "cuBLASLt", "Triton")
@@ -302,5 +296,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TRITON_PRINT_AUTOTUNING", "0")
     main()

@@ -83,5 +83,5 @@ def padded(k: int) -> int:
 def warm_up(vocab: int, device: torch.device) -> None:
     """Compile the kernel for every padding a request's `logprobs` (0 to MAX_LOGPROBS) needs."""
     zeros = torch.zeros(1, vocab, device=device)
-    for k in sorted({padded(k) for k in range(MAX_LOGPROBS + 1)}):
-        lse_and_top_k(zeros, min(k, MAX_LOGPROBS))
+    for slots in sorted({padded(k) for k in range(MAX_LOGPROBS + 1)}):
+        lse_and_top_k(zeros, min(slots, MAX_LOGPROBS))  # a k that pads to `slots`
