@@ -13,7 +13,8 @@ benchmarks.md, "Where W1's time goes").
 instead profiles the executor thread's host work in launching prefill steps (cProfile, the
 functions by their own time and by cumulative time): W1's prefill steps took the executor 28 ms
 each to launch on an H100, about as long as their GPU work (docs/benchmarks.md, 2026-12-07).
-A first batch of the same prompts runs before, so that compiles are not counted.
+A first batch of as many prompts (others: none is cached) runs before, so that compiles are not
+counted.
 """
 
 from __future__ import annotations
