@@ -346,7 +346,7 @@ case "${1:-}" in
   w1host)  # the executor thread's host work for W1-sized prefill steps, by function
     timeout "${HOST_S:-200}" python3 tools/profile_step.py --prefill-host --batch 256 \
       --prompt-tokens 560 > "$out/w1_host.log" 2>&1
-    echo "== prefill launches"; head -40 "$out/w1_host.log"
+    echo "== prefill launches"; head -3 "$out/w1_host.log"; grep -E "cuda[A-Z]|Self CPU time total|Self CUDA time total" "$out/w1_host.log" | head -20
     ;;
   norms)  # device.norms_in_product_finish: tests, then W4 against the defaults
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \

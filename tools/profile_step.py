@@ -10,16 +10,21 @@ benchmarks.md, "Where W1's time goes").
 
     python tools/profile_step.py --prefill-host [--batch 256] [--prompt-tokens 560]
 
-instead profiles the executor thread's host work in launching prefill steps (cProfile, the
-functions by their own time and by cumulative time): W1's prefill steps took the executor 28 ms
-each to launch on an H100, about as long as their GPU work (docs/benchmarks.md, 2026-12-07).
+instead profiles W1-sized prefill steps, whose executor launch took 28-47 ms on an H100
+(docs/benchmarks.md, 2026-12-07): over one batch of `--batch` prompts each,
+  - cProfile of the launches, the functions by their own and by cumulative time (Python 3.12's
+    cProfile sees every thread, so the engine thread's scheduling shows there too);
+  - the launches timed with no profiler;
+  - torch's profiler: the GPU's kernel time a prefill step against the launch's, the host calls
+    by their own time (a blocking CUDA call shows there) and the kernels by device time.
 A first batch of as many prompts (others: none is cached) runs before, so that compiles are not
-counted.
+counted; every batch asks for one token, so its steps are all prefill.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -118,35 +123,59 @@ def main() -> None:
 
 
 def profile_prefill_launches(engine, batch: int, prompt_tokens: int) -> None:
-    """cProfile of the executor thread's `runner.launch` for steps that prefill, over the
-    second of two batches of `batch` prompts (the first compiles)."""
+    """The prefill steps' launches of four batches of `batch` prompts: the first compiles,
+    then cProfile, no profiler, torch's profiler (see the module's doc)."""
     runner = engine.core.executor.runner
-    launch, profiler, launches = runner.launch, cProfile.Profile(), []
-
-    def profiled(plan):
-        if not any(n > 1 for n in plan.num_scheduled_tokens):
-            return launch(plan)
-        started = time.perf_counter()
-        profiler.enable()
-        try:
-            return launch(plan)
-        finally:
-            profiler.disable()
-            launches.append(time.perf_counter() - started)
-
+    launch, launches = runner.launch, []
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.6, max_tokens=2, ignore_eos=True)
-    for attempt in range(2):
-        if attempt == 1:
-            runner.launch = profiled
-        engine.generate([random_prompt(prompt_tokens, 10000, rng) for _ in range(batch)], params)
-    del runner.launch
-    print(f"{len(launches)} prefill launches, {1e3 * sum(launches) / len(launches):.2f} ms each")
+    params = SamplingParams(temperature=0.6, max_tokens=1, ignore_eos=True)
+
+    def run_batch(around) -> list[float]:
+        """One batch, each launch inside `around` (a context manager factory) and timed."""
+        launches.clear()
+
+        def timed(plan):
+            started = time.perf_counter()
+            with around():
+                handle = launch(plan)
+            launches.append(time.perf_counter() - started)
+            return handle
+
+        runner.launch = timed
+        try:
+            engine.generate(
+                [random_prompt(prompt_tokens, 10000, rng) for _ in range(batch)], params
+            )
+        finally:
+            del runner.launch
+        return list(launches)
+
+    run_batch(contextlib.nullcontext)
+    profiler = cProfile.Profile()
+    profiled = run_batch(lambda: profiler)
+    plain = run_batch(contextlib.nullcontext)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        traced = run_batch(contextlib.nullcontext)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    print(
+        f"{len(plain)} prefill launches a batch: {_ms(plain)} ms each with no profiler, "
+        f"{_ms(profiled)} under cProfile, {_ms(traced)} under torch's profiler"
+    )
+    events = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+    print(f"GPU kernel time a prefill step: {device_us / len(traced) / 1e3:.2f} ms")
     for order in ("tottime", "cumulative"):
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(20)
         print(text.getvalue())
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25))
+    print(events.table(sort_by="self_device_time_total", row_limit=20))
     engine.close()
+
+
+def _ms(seconds: list[float]) -> str:
+    return f"{1e3 * sum(seconds) / max(len(seconds), 1):.2f}"
 
 
 if __name__ == "__main__":
