@@ -65,6 +65,8 @@
 #   tools/gpu_issue22.sh products  W1's large steps' products (Qwen3-0.6B, 80, 208 and 256 rows):
 #                                 cuBLAS against cuBLASLt and a Triton GEMM splitting K, each
 #                                 beside its roof (tools/bench_products.py)
+#   tools/gpu_issue22.sh w1h200   for an H200: W1 against tile 128, attention's builds at W1's
+#                                 large steps, and w1host
 #   tools/gpu_issue22.sh w1host   what the executor's host does launching W1's prefill steps (28 ms
 #                                 each on an H100): cProfile over 256 prompts of 560 tokens
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
@@ -338,6 +340,20 @@ case "${1:-}" in
       cp docs/benchmarks.md "$out/"
       echo "== w1 $setting"; tail -7 "$out/w1_$name.log"
     done
+    ;;
+  w1h200)  # for an H200: W1 against keys in tiles of 128 (recorded), decode attention's builds
+           # at W1's large steps (graph-timed), and the prefill steps' launches (w1host)
+    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+      --workload w1 --no-reference --record docs/benchmarks.md \
+      --candidate device.decode_attention_tile=128 > "$out/w1_tile.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    timeout 170 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
+      --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
+      > "$out/attn_w1.log" 2>&1
+    HOST_S=150 bash "$0" w1host > /dev/null
+    echo "== w1 (defaults against decode_attention_tile=128)"; tail -7 "$out/w1_tile.log"
+    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
+    echo "== prefill launches"; head -3 "$out/w1_host.log"; grep -E "cuda[A-Z]|Self CPU time total|Self CUDA time total" "$out/w1_host.log" | head -20
     ;;
   products)  # W1's products at its large steps' rows against their roofs
     timeout "${PRODUCTS_S:-300}" python3 tools/bench_products.py > "$out/products.log" 2>&1
