@@ -66,7 +66,7 @@
 #                                 cuBLAS against cuBLASLt and a Triton GEMM splitting K, each
 #                                 beside its roof (tools/bench_products.py)
 #   tools/gpu_issue22.sh w1h200   for an H200: W1 against tile 128, attention's builds at W1's
-#                                 large steps, and w1host
+#                                 large steps, w1host, and a 200-sequence decode step profiled
 #   tools/gpu_issue22.sh w1host   what the executor's host does launching W1's prefill steps (28 ms
 #                                 each on an H100): cProfile over 256 prompts of 560 tokens
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
@@ -351,9 +351,12 @@ case "${1:-}" in
       --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
       > "$out/attn_w1.log" 2>&1
     HOST_S=150 bash "$0" w1host > /dev/null
+    timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
+      > "$out/w1_profile.log" 2>&1
     echo "== w1 (defaults against decode_attention_tile=128)"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== prefill launches"; head -3 "$out/w1_host.log"; grep -E "cuda[A-Z]|Self CPU time total|Self CUDA time total" "$out/w1_host.log" | head -20
+    echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   products)  # W1's products at its large steps' rows against their roofs
     timeout "${PRODUCTS_S:-300}" python3 tools/bench_products.py > "$out/products.log" 2>&1
