@@ -59,9 +59,12 @@ def test_norm_rope_matches_torch_on_a_strided_view(with_norm: bool) -> None:
     assert torch.equal(qkv[:, heads * head_dim :], untouched)
 
 
-@pytest.mark.parametrize("with_norm", [False, True])
-def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool) -> None:
-    tokens, q_heads, kv_heads, head_dim = 3, 4, 2, 64
+@pytest.mark.parametrize(
+    ("with_norm", "tokens"),
+    [(False, 3), (True, 3), (True, fused.ROWS_FROM_TOKENS + 5)],  # the last: rows a program,
+)  # its last block part-filled
+def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool, tokens: int) -> None:
+    q_heads, kv_heads, head_dim = 4, 2, 64
     width = (q_heads + 2 * kv_heads) * head_dim
     qkv = rand(tokens, width, seed=10)
     q, k, v = (
@@ -74,10 +77,16 @@ def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool) -> None:
     expected_q, expected_k, expected_v = q.clone(), k.clone(), v.clone()
     fused.norm_rope_(expected_q, cos, sin, q_weight, 1e-6)
     fused.norm_rope_(expected_k, cos, sin, k_weight, 1e-6)
-    k_cache = torch.zeros(2, 4, kv_heads, head_dim, device=DEVICE)
+    num_slots = 2 * tokens + 2
+    k_cache = torch.zeros(num_slots // 2, 2, kv_heads, head_dim, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
-    slots = torch.tensor([5, 0, 7], device=DEVICE)
+    slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(15))[:tokens]
+    slots = slots.to(DEVICE)
     fused.qkv_rope_cache_(q, k, v, cos, sin, q_weight, k_weight, 1e-6, k_cache, v_cache, slots)
     assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
-    assert torch.equal(k_cache.view(8, kv_heads, head_dim)[slots], expected_k)
-    assert torch.equal(v_cache.view(8, kv_heads, head_dim)[slots], expected_v)
+    assert torch.equal(k_cache.view(num_slots, kv_heads, head_dim)[slots], expected_k)
+    assert torch.equal(v_cache.view(num_slots, kv_heads, head_dim)[slots], expected_v)
+    written = torch.zeros(num_slots, dtype=torch.bool, device=DEVICE)
+    written[slots] = True  # and no other slot: a part-filled block's masked rows write nothing
+    assert not k_cache.view(num_slots, -1)[~written].any()
+    assert not v_cache.view(num_slots, -1)[~written].any()
