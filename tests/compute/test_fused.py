@@ -61,8 +61,13 @@ def test_norm_rope_matches_torch_on_a_strided_view(with_norm: bool) -> None:
 
 @pytest.mark.parametrize(
     ("with_norm", "tokens"),
-    [(False, 3), (True, 3), (True, fused.ROWS_FROM_TOKENS + 5)],  # the last: rows a program,
-)  # its last block part-filled
+    [
+        (False, 3),
+        (True, 3),
+        (False, fused.ROWS_FROM_TOKENS + 5),
+        (True, fused.ROWS_FROM_TOKENS + 5),
+    ],  # the last two: rows a program, the last block part-filled
+)
 def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool, tokens: int) -> None:
     q_heads, kv_heads, head_dim = 4, 2, 64
     width = (q_heads + 2 * kv_heads) * head_dim
@@ -83,8 +88,17 @@ def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool, tokens: in
     slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(15))[:tokens]
     slots = slots.to(DEVICE)
     fused.qkv_rope_cache_(q, k, v, cos, sin, q_weight, k_weight, 1e-6, k_cache, v_cache, slots)
-    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
-    assert torch.equal(k_cache.view(num_slots, kv_heads, head_dim)[slots], expected_k)
+    # Rows of 16 tokens sum a head's squares for its norm in another order than one token's
+    # program: on a GPU the bits may differ in float32's last place (an H100, 2026-12-07).
+    # Rotary alone is elementwise, so without the norm the bits are the same.
+    rows_change_the_sum = with_norm and fused.rows_per_program(tokens) > 1 and DEVICE == "cuda"
+    tol = 2e-6 if rows_change_the_sum else 0.0
+    for got, expected in [
+        (q, expected_q),
+        (k, expected_k),
+        (k_cache.view(num_slots, kv_heads, head_dim)[slots], expected_k),
+    ]:
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
     assert torch.equal(v_cache.view(num_slots, kv_heads, head_dim)[slots], expected_v)
     written = torch.zeros(num_slots, dtype=torch.bool, device=DEVICE)
     written[slots] = True  # and no other slot: a part-filled block's masked rows write nothing
