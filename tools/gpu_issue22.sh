@@ -67,6 +67,8 @@
 #                                 beside its roof (tools/bench_products.py)
 #   tools/gpu_issue22.sh w1h200   for an H200: W1 against tile 128, attention's builds at W1's
 #                                 large steps, w1host, and a 200-sequence decode step profiled
+#   tools/gpu_issue22.sh rope     the rotary-and-cache kernel at one token a program against 4
+#                                 and 16 (tools/bench_rope_cache.py), both models' heads
 #   tools/gpu_issue22.sh w1host   what the executor's host does launching W1's prefill steps (28 ms
 #                                 each on an H100): cProfile over 256 prompts of 560 tokens
 #   tools/gpu_issue22.sh norms    the norm split between the products around it: its GPU tests
@@ -357,6 +359,12 @@ case "${1:-}" in
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== prefill launches"; head -3 "$out/w1_host.log"; grep -E "cuda[A-Z]|Self CPU time total|Self CUDA time total" "$out/w1_host.log" | head -20
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
+    ;;
+  rope)  # the rotary-and-cache kernel: one token a program against 4 and 16, and the bits
+    for model in qwen3-0.6b llama-3.1-8b; do
+      timeout 120 python3 tools/bench_rope_cache.py --model "$model" > "$out/rope_$model.log" 2>&1
+      echo "== $model"; grep -E "^\||heads" "$out/rope_$model.log"
+    done
     ;;
   products)  # W1's products at its large steps' rows against their roofs
     timeout "${PRODUCTS_S:-300}" python3 tools/bench_products.py > "$out/products.log" 2>&1

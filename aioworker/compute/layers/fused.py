@@ -210,14 +210,15 @@ def rows_per_program(num_tokens: int) -> int:
 
 
 def qkv_rope_cache_(
-    q, k, v, cos, sin, q_weight, k_weight, eps, k_cache, v_cache, slot_mapping
+    q, k, v, cos, sin, q_weight, k_weight, eps, k_cache, v_cache, slot_mapping, rows=None
 ) -> None:
     """Norm (optional) and rotary on q and k in place, and k, v into the cache, in one launch.
-    q: [T, Hq, D], k, v: [T, Hkv, D] (strided views of the qkv output); caches contiguous."""
+    q: [T, Hq, D], k, v: [T, Hkv, D] (strided views of the qkv output); caches contiguous.
+    rows: tokens a program (a power of two), for tools/bench_rope_cache.py; None: by T."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     has_norm = q_weight is not None
-    rows = rows_per_program(num_tokens)
+    rows = rows_per_program(num_tokens) if rows is None else rows
     options = launch_options()
     _qkv_rope_cache_kernel[(triton.cdiv(num_tokens, rows), num_q_heads + num_kv_heads)](
         q, k, v, cos, sin, q_weight if has_norm else cos, k_weight if has_norm else cos,
