@@ -90,6 +90,8 @@ TABLE="${TABLE:-/tmp/tuned_tiles.json}"
 [ "${1:-}" != tune ] && [ -f "$TABLE" ] && cp "$TABLE" aioworker/compute/layers/gemv/tuned_tiles.json
 # a table of this GPU's own (choice.gpu_table_path) that an earlier call on this machine wrote
 [ "${1:-}" != tune ] && cp /tmp/tuned_tiles.*.json aioworker/compute/layers/gemv/ 2>/dev/null
+# `aioworker bench` from the checkout (the GPU machine has the package on PYTHONPATH, no script)
+BENCH=(python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())')
 keep_table() {  # the tables a sweep wrote: back with $OUT, and in /tmp for a later call (TABLE)
   cp aioworker/compute/layers/gemv/tuned_tiles*.json "$out/" 2>/dev/null
   cp aioworker/compute/layers/gemv/tuned_tiles*.json /tmp/ 2>/dev/null
@@ -97,7 +99,7 @@ keep_table() {  # the tables a sweep wrote: back with $OUT, and in /tmp for a la
 w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $OUT); further
         # arguments go to the bench (--candidate KEY=VALUE)
   local formats="$1" limit="$2" name="$3"; shift 3
-  timeout "$limit" python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+  timeout "$limit" "${BENCH[@]}" \
     --workload w4 --w4-formats "$formats" --w4-repeats "${W4_REPEATS:-1}" --no-reference --record docs/benchmarks.md "$@" \
     > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
@@ -194,7 +196,7 @@ case "${1:-}" in
   pdl)  # PDL (graphs of at most pdl.MAX_GRAPH_BATCH sequences) against the defaults, W1 with
         # the defaults and with PDL, the kernels' every-shape test
     w4 none,fp8 140 pdl --candidate device.pdl=true
-    timeout 160 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 160 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md --candidate device.pdl=true > "$out/w1_pdl.log" 2>&1
     cp docs/benchmarks.md "$out/"
     every_shape 100
@@ -264,7 +266,7 @@ case "${1:-}" in
   finish)  # W4 of FORMATS (default wint8,wint4) off against on, W1, the every-shape test, the
            # composed tests (what time is left of the call)
     w4 "${2:-wint8,wint4}" "${W4_S:-120}" b
-    timeout 120 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 120 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md > "$out/w1.log" 2>&1
     cp docs/benchmarks.md "$out/"
     every_shape 70
@@ -322,7 +324,7 @@ case "${1:-}" in
   goals)  # the goals table and the two pending settings, in one call (W4_S: W4's time limit)
     W4_REPEATS="${W4_REPEATS:-3}" w4 none,fp8,wint8,wint4 "${W4_S:-330}" goals \
       --candidate device.pdl_max_batch=8
-    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 200 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md \
       --candidate device.decode_attention_tile=128 > "$out/w1_tile.log" 2>&1
     cp docs/benchmarks.md "$out/"
@@ -336,7 +338,7 @@ case "${1:-}" in
     echo "== gpu tests"; grep -E "FAILED|passed|failed|^E  " "$out/gpu_tests.log" | tail -6
     for setting in "${@:2}"; do
       name=$(printf %s "${setting##*.}" | tr -c 'a-z0-9_' '_')
-      timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+      timeout 200 "${BENCH[@]}" \
         --workload w1 --no-reference --record docs/benchmarks.md --candidate "$setting" \
         > "$out/w1_$name.log" 2>&1
       cp docs/benchmarks.md "$out/"
@@ -345,19 +347,19 @@ case "${1:-}" in
     ;;
   w1h200)  # for an H200: W1 against keys in tiles of 128 (recorded), decode attention's builds
            # at W1's large steps (graph-timed), and the prefill steps' launches (w1host)
-    timeout 200 python3 -c 'import sys;sys.argv=["aioworker","bench",*sys.argv[1:]];from aioworker.cli.main import main;sys.exit(main())' \
+    timeout 200 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md \
       --candidate device.decode_attention_tile=128 > "$out/w1_tile.log" 2>&1
     cp docs/benchmarks.md "$out/"
     timeout 170 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
       --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
       > "$out/attn_w1.log" 2>&1
-    HOST_S=150 bash "$0" w1host > /dev/null
+    HOST_S=150 bash "$0" w1host > "$out/w1_host_summary.txt"
     timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
       > "$out/w1_profile.log" 2>&1
     echo "== w1 (defaults against decode_attention_tile=128)"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
-    echo "== prefill launches"; head -3 "$out/w1_host.log"; grep -E "cuda[A-Z]|Self CPU time total|Self CUDA time total" "$out/w1_host.log" | head -20
+    cat "$out/w1_host_summary.txt"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   rope)  # the rotary-and-cache kernel: one token a program against 4 and 16, and the bits
