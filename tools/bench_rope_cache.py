@@ -17,6 +17,7 @@ import argparse
 import statistics
 
 import torch
+from bench_decode_kernel import graph_seconds  # tools/, beside this script
 
 from aioworker.bench.gpu import MODELS
 from aioworker.checkpoint.model_config import load_model_config
@@ -50,22 +51,14 @@ def launch(inputs, q_heads: int, kv_heads: int, head_dim: int, rows: int) -> Non
 
 
 def graph_us(inputs, shape, rows: int) -> float:
-    """Microseconds a launch, replaying a graph of GRAPH_LAUNCHES (inputs rotate each time, which
-    changes no launch's work)."""
-    launch(inputs, *shape, rows)  # compiles
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Microseconds a launch, GRAPH_LAUNCHES of them in one graph (inputs rotate each time,
+    which changes no launch's work)."""
+
+    def launches() -> None:
         for _ in range(GRAPH_LAUNCHES):
             launch(inputs, *shape, rows)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * GRAPH_LAUNCHES)
+
+    return graph_seconds(launches) * 1e6 / GRAPH_LAUNCHES
 
 
 def differing(tokens, shape, norm, device, rows: int) -> int:
