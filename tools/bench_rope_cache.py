@@ -7,8 +7,8 @@ k and the cache differ from one token a program's (the q/k norm sums in another 
     TRITON_INTERPRET=1 python tools/bench_rope_cache.py --check   # on the CPU: the sides agree
 
 Why: the kernel took 295 us a layer in a 15,680-token prefill on an H100 at one token a program
-(docs/benchmarks.md, 2026-12-07); 16 rows halved it from 1,024 tokens, and below that step size
-the rows were not measured (`fused.ROWS_FROM_TOKENS`).
+(docs/benchmarks.md, 2026-12-07). This tool's tables chose `fused.ROWS` (4) from
+`fused.ROWS_FROM_TOKENS` (64): the fastest, or close to it, at every step size from 64 tokens.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_qkv_rope_cache_equals_rope_then_cache_write(with_norm: bool, tokens: in
     slots = torch.randperm(num_slots, generator=torch.Generator().manual_seed(15))[:tokens]
     slots = slots.to(DEVICE)
     fused.qkv_rope_cache_(q, k, v, cos, sin, q_weight, k_weight, 1e-6, k_cache, v_cache, slots)
-    # Rows of 16 tokens sum a head's squares for its norm in another order than one token's
+    # Rows of several tokens sum a head's squares for its norm in another order than one token's
     # program: on a GPU the bits may differ in float32's last place (an H100, 2026-12-07).
     # Rotary alone is elementwise, so without the norm the bits are the same.
     rows_change_the_sum = with_norm and fused.rows_per_program(tokens) > 1 and DEVICE == "cuda"

@@ -199,14 +199,17 @@ def _qkv_rope_cache_kernel(
         tl.store(v_cache_ptr + cache_offs, v, mask=real)
 
 
-# A program of one token moves 256 bytes a head, too little to keep the loads in flight in a
-# prefill of thousands of tokens (295 us a layer for 15,680 tokens of Qwen3-0.6B on an H100,
-# 2026-12-07); decode batches, under this, keep one token a program as the graphs captured it.
-ROWS_FROM_TOKENS = 1024
+# A program of one token moves 256 bytes a head, too few loads in flight once a step has
+# dozens of tokens (295 us a layer for 15,680 tokens of Qwen3-0.6B on an H100). Four tokens a
+# program beat one from 64 to 15,680 tokens (H100, 2026-12-07, docs/benchmarks.md): the fastest
+# for Llama's heads everywhere and within 9% of 16 for Qwen3's, where 16 lost up to 30% on
+# Llama's. Steps under 64 tokens keep one token a program, as small decode graphs captured it.
+ROWS_FROM_TOKENS = 64
+ROWS = 4
 
 
 def rows_per_program(num_tokens: int) -> int:
-    return 16 if num_tokens >= ROWS_FROM_TOKENS else 1
+    return ROWS if num_tokens >= ROWS_FROM_TOKENS else 1
 
 
 def qkv_rope_cache_(

@@ -33,7 +33,7 @@ KERNELS = [
     (fused._add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
     (fused._silu_and_mul_kernel, {"BLOCK": 1024}),
     (fused._norm_rope_kernel, {"HEAD_DIM": 128, "HAS_NORM": True}),
-    (fused._qkv_rope_cache_kernel, {"HEAD_DIM": 128, "HAS_NORM": False, "ROWS": 16}),
+    (fused._qkv_rope_cache_kernel, {"HEAD_DIM": 128, "HAS_NORM": False, "ROWS": fused.ROWS}),
     (
         triton_decode._decode_partial,
         {
