@@ -141,10 +141,14 @@ class DeviceOptions(_Section):
     # (Triton's num_stages; 0: Triton's default, which copies one key tile ahead; 5: two). The
     # H100 measured 5 no faster (W1 0.998x, docs/benchmarks.md); an H200 has yet to.
     decode_attention_stages: int = 0
-    # CUDA, attention_backend auto or triton: keys a decode attention program takes a tile. The
-    # H100 timed 128 3-6% faster alone at W1's large steps and 7% slower at the 8B's 64
-    # sequences (docs/benchmarks.md, 2026-12-06 18:30); W1 has yet to measure it.
+    # CUDA, attention_backend auto or triton: keys a decode attention program takes a tile, in
+    # every decode step. The H100 timed 128 faster alone at 128 to 256 sequences of spread
+    # contexts and slower at 32 to 64 (docs/benchmarks.md, 2026-12-07); W1 1.025x with it.
     decode_attention_tile: Literal[64, 128] = 64
+    # With decode_attention_tile 64: decode steps of at least this many sequences take keys in
+    # tiles of 128 all the same, where the H100 timed them 2-5% faster at spread contexts (and
+    # 0-2% slower at equal ones); 0: none.
+    decode_attention_tile_128_from: int = 128
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -442,6 +446,11 @@ class WorkerConfig(_Section):
             raise ConfigError(
                 f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "
                 "batch to launch with PDL (1 or more; device.pdl = false switches it off)"
+            )
+        if device.decode_attention_tile_128_from < 0:
+            raise ConfigError(
+                f"device.decode_attention_tile_128_from is "
+                f"{device.decode_attention_tile_128_from}; give a number of sequences (0: none)"
             )
         if not 0 <= device.decode_attention_stages <= 8:
             raise ConfigError(

@@ -16,12 +16,13 @@ So the rank runs, on its scratch row and block (whose contents nothing reads), p
 rows, of each token-count specialization and of 64, 256, 1,024... tokens up to the step's token
 budget; and for each class of split count that `choose_num_splits` gives a decode batch, a
 decode step of that batch (eager where graphs are off) and a mixed step (with several queries a
-sequence too, where speculation verifies drafts).
+sequence too, where speculation verifies drafts); a batch large enough to take decode attention
+in tiles of 128 keys starts another class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,12 +71,17 @@ def split_class(splits: int) -> str:
     return "one" if splits == 1 else "by16" if splits % 16 == 0 else "other"
 
 
-def decode_counts(max_num_seqs: int, num_splits: Callable[[int], int]) -> list[int]:
-    """The least decode batch of each class of split count that batches of 1 to max_num_seqs
-    sequences get."""
-    first: dict[str, int] = {}
+def decode_counts(
+    max_num_seqs: int,
+    num_splits: Callable[[int], int],
+    build_of: Callable[[int], Hashable] = lambda num_seqs: None,
+) -> list[int]:
+    """The least decode batch of each class of split count and decode attention build
+    (`build_of`: the backend's for a batch; a larger batch may take larger key tiles) that
+    batches of 1 to max_num_seqs sequences get."""
+    first: dict[tuple, int] = {}
     for batch in range(1, max_num_seqs + 1):
-        first.setdefault(split_class(num_splits(batch)), batch)
+        first.setdefault((split_class(num_splits(batch)), build_of(batch)), batch)
     return sorted(first.values())
 
 
@@ -84,16 +90,17 @@ def warm_steps(
     num_splits: Callable[[int], int],
     verify_queries: int = 0,
     step_tokens: int = 0,
+    build_of: Callable[[int], Hashable] = lambda num_seqs: None,
 ) -> list[WarmStep]:
     """The eager steps to run: prefills of PREFILL_LENGTHS tokens, and of LONG_PREFILLS up to
     `step_tokens` (the step's token budget: no more than profiling sized the cache for; 0:
     none); for each class of split count, that many decodes alone (a sequence of one token at
     position 0 is decoded, not prefilled) and beside a prefill chunk (leaving a row for the
     chunk); with `verify_queries` > 1, the mixed steps again with each decode verifying
-    verify_queries - 1 drafts."""
+    verify_queries - 1 drafts. `build_of`: as decode_counts takes it."""
     lengths = PREFILL_LENGTHS + tuple(n for n in LONG_PREFILLS if n <= step_tokens)
     steps = [WarmStep((length,)) for length in lengths]
-    decodes = decode_counts(max(1, max_num_seqs - 1), num_splits)
+    decodes = decode_counts(max(1, max_num_seqs - 1), num_splits, build_of)
     steps += [WarmStep((1,) * count) for count in decodes]
     steps += [WarmStep((MIXED_PREFILL,) + (1,) * count) for count in decodes]
     if verify_queries > 1:
@@ -111,7 +118,11 @@ def warm_up_eager(runner: CudaModelRunner, step_tokens: int) -> None:
     `step_tokens`: the step's token budget (a prefill is also at most max_model_len long: the
     scratch row holds no more blocks)."""
     longest = min(step_tokens, runner.max_model_len)
-    steps = warm_steps(runner.scratch_row, runner.num_splits, runner.max_verify_queries, longest)
+    # Backends without builds of their own (xformers) launch one kernel whatever the batch.
+    build_of = getattr(runner.backend, "decode_build_for", lambda num_seqs: None)
+    steps = warm_steps(
+        runner.scratch_row, runner.num_splits, runner.max_verify_queries, longest, build_of
+    )
     for warm in steps:
         nums = np.asarray(warm.nums, dtype=np.int64)
         step = CudaStep(

@@ -21,6 +21,25 @@ def test_the_decode_attention_settings_build_the_decode_programs() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("settings", "tiles"),
+    [
+        ({}, {1: 64, 127: 64, 128: 128, 256: 128}),  # the default: 128 keys from 128 sequences
+        ({"decode_attention_tile_128_from": 0}, {1: 64, 256: 64}),
+        ({"decode_attention_tile_128_from": 8}, {7: 64, 8: 128}),
+        ({"decode_attention_tile": 128, "decode_attention_tile_128_from": 0}, {1: 128, 256: 128}),
+    ],
+)
+def test_large_decode_batches_take_keys_in_tiles_of_128(settings, tiles) -> None:
+    backend = select_cuda_backend(
+        DeviceOptions(decode_attention_warps=8, **settings), block_size=16
+    )
+    for num_seqs, tile in tiles.items():
+        build = backend.decode_build_for(num_seqs)
+        assert build.tile == tile, num_seqs
+        assert build.warps == 8  # only the tile changes
+
+
 def test_a_backend_that_cannot_run_on_cuda_is_named_in_the_error() -> None:
     with pytest.raises(ValueError, match="'torch' does not run on CUDA"):
         select_cuda_backend(DeviceOptions(attention_backend="torch"), block_size=16)

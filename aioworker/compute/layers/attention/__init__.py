@@ -26,7 +26,12 @@ def select_cuda_backend(options: DeviceOptions, block_size: int) -> AttentionBac
             stages=options.decode_attention_stages or None,
             tile=options.decode_attention_tile,
         )
-        return CudaAttentionBackend(block_size, options.fused_rope_attention, build)
+        return CudaAttentionBackend(
+            block_size,
+            options.fused_rope_attention,
+            build,
+            tile_128_from=options.decode_attention_tile_128_from,
+        )
     if name == "xformers":
         from aioworker.compute.layers.attention.xformers_backend import XformersAttentionBackend
 

@@ -8,6 +8,7 @@ fills static copies of them and replays a CUDA graph.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 
@@ -71,10 +72,23 @@ class CudaAttentionBackend:
         block_size: int,
         rope_in_decode: bool = False,
         decode_build: DecodeBuild = DEFAULT_BUILD,
+        tile_128_from: int = 0,
     ) -> None:
+        """`tile_128_from` (device.decode_attention_tile_128_from): decode steps of at least
+        that many sequences take keys in tiles of 128 whatever `decode_build`'s tile; 0: none."""
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
         self.decode_build = decode_build  # device.decode_attention_*
+        self.tile_128_from = tile_128_from
+        self._large_build = dataclasses.replace(decode_build, tile=128)
+
+    def decode_build_for(self, num_seqs: int) -> DecodeBuild:
+        """The build a decode step of `num_seqs` sequences launches: tiles of 128 keys read
+        faster once enough programs fill the device, and slower below that (docs/benchmarks.md,
+        2026-12-07)."""
+        if self.tile_128_from and num_seqs >= self.tile_128_from:
+            return self._large_build
+        return self.decode_build
 
     def attend(self, q, k, v, rope, q_norm, k_norm, k_cache, v_cache, meta, scale):
         """A decode step's attention from raw q, k and v, the norms, rotary and cache write
@@ -137,7 +151,7 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
-            build=self.decode_build,
+            build=self.decode_build_for(part.block_tables.shape[0]),
         )
 
 
