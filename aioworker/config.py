@@ -142,12 +142,12 @@ class DeviceOptions(_Section):
     # H100 measured 5 no faster (W1 0.998x, docs/benchmarks.md); an H200 has yet to.
     decode_attention_stages: int = 0
     # CUDA, attention_backend auto or triton: keys a decode attention program takes a tile, in
-    # every decode step. The H100 timed 128 faster alone at 128 to 256 sequences of spread
-    # contexts and slower at 32 to 64 (docs/benchmarks.md, 2026-12-07); W1 1.025x with it.
+    # every decode step. The H100 timed 128 faster alone from 128 sequences of spread contexts
+    # and 5% slower at 64 (docs/benchmarks.md, 2026-12-07); W1 1.025x with it everywhere.
     decode_attention_tile: Literal[64, 128] = 64
     # With decode_attention_tile 64: decode steps of at least this many sequences take keys in
-    # tiles of 128 all the same, where the H100 timed them 2-5% faster at spread contexts (and
-    # 0-2% slower at equal ones); 0: none.
+    # tiles of 128 all the same, where the H100 timed them 2-4% faster at spread contexts (up to
+    # 2% slower at equal ones); W1 1.012x against 0 (none).
     decode_attention_tile_128_from: int = 128
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
