@@ -145,10 +145,13 @@ class DeviceOptions(_Section):
     # every decode step. The H100 timed 128 faster alone from 128 sequences of spread contexts
     # and 5% slower at 64 (docs/benchmarks.md, 2026-12-07); W1 1.025x with it everywhere.
     decode_attention_tile: Literal[64, 128] = 64
-    # With decode_attention_tile 64: decode steps of at least this many sequences take keys in
-    # tiles of 128 all the same, where the H100 timed them 2-4% faster at spread contexts (up to
-    # 2% slower at equal ones); W1 1.012x against 0 (none).
-    decode_attention_tile_128_from: int = 128
+    # With decode_attention_tile 64: decode steps with at least this many (sequence, KV head)
+    # pairs on the rank, each a program of decode attention, take keys in tiles of 128 all the
+    # same. 1,024 is 128 sequences of a model with 8 KV heads: from there the H100 timed tiles
+    # of 128 2-4% faster at spread contexts (up to 2% slower at equal ones), at 512 5% slower;
+    # W1 1.012x against 0 (none). Counted in programs, fewer KV heads a rank (tensor parallel)
+    # need more sequences.
+    decode_attention_tile_128_from_programs: int = 1024
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -447,10 +450,11 @@ class WorkerConfig(_Section):
                 f"device.pdl_max_batch is {device.pdl_max_batch}; give the largest decode graph "
                 "batch to launch with PDL (1 or more; device.pdl = false switches it off)"
             )
-        if device.decode_attention_tile_128_from < 0:
+        if device.decode_attention_tile_128_from_programs < 0:
             raise ConfigError(
-                f"device.decode_attention_tile_128_from is "
-                f"{device.decode_attention_tile_128_from}; give a number of sequences (0: none)"
+                f"device.decode_attention_tile_128_from_programs is "
+                f"{device.decode_attention_tile_128_from_programs}; give a count of (sequence, KV "
+                "head) pairs (0: none)"
             )
         if not 0 <= device.decode_attention_stages <= 8:
             raise ConfigError(

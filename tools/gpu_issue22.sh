@@ -58,14 +58,14 @@
 #   tools/gpu_issue22.sh goals    one call for an H200: W4 of every format (the goals table's
 #                                 defaults) against PDL in graphs of up to 8 sequences, three
 #                                 runs a side (W4_REPEATS), W1 (the defaults, their breakdown)
-#                                 against no tiles of 128 keys (decode_attention_tile_128_from=0)
+#                                 against no tiles of 128 keys (decode_attention_tile_128_from_programs=0)
 #   tools/gpu_issue22.sh attn_w1 SETTING...  the decode builds' GPU tests, then W1 with each
 #                                 SETTING (e.g. device.decode_attention_tile=128) against the
 #                                 defaults (three runs a side)
 #   tools/gpu_issue22.sh products  W1's large steps' products (Qwen3-0.6B, 80, 208 and 256 rows):
 #                                 cuBLAS against cuBLASLt and a Triton GEMM splitting K, each
 #                                 beside its roof (tools/bench_products.py)
-#   tools/gpu_issue22.sh w1h200   for an H200: W1 against tile_128_from=0, attention's builds at W1's
+#   tools/gpu_issue22.sh w1h200   for an H200: W1 against tile_128_from_programs=0, attention's builds at W1's
 #                                 large steps, w1host, and a 200-sequence decode step profiled
 #   tools/gpu_issue22.sh rope     the rotary-and-cache kernel at one token a program against 4
 #                                 and 16 (tools/bench_rope_cache.py), both models' heads
@@ -326,10 +326,10 @@ case "${1:-}" in
       --candidate device.pdl_max_batch=8
     timeout 200 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_tile_128_from=0 > "$out/w1_tile.log" 2>&1
+      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
     cp docs/benchmarks.md "$out/"
     echo "== w4 (defaults against pdl_max_batch=8)"; tail -12 "$out/w4_goals.log"
-    echo "== w1 (defaults, tiles of 128 from 128 sequences, against decode_attention_tile_128_from=0)"; tail -7 "$out/w1_tile.log"
+    echo "== w1 (defaults, tiles of 128 from 1,024 programs, against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
     ;;
   attn_w1)  # the builds' GPU tests, then W1: the defaults against each setting given
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/compute/test_gpu.py \
@@ -349,7 +349,7 @@ case "${1:-}" in
            # at W1's large steps (graph-timed), and the prefill steps' launches (w1host)
     timeout 200 "${BENCH[@]}" \
       --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_tile_128_from=0 > "$out/w1_tile.log" 2>&1
+      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
     cp docs/benchmarks.md "$out/"
     timeout 170 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
       --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
@@ -357,7 +357,7 @@ case "${1:-}" in
     HOST_S=150 bash "$0" w1host > "$out/w1_host_summary.txt"
     timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
       > "$out/w1_profile.log" 2>&1
-    echo "== w1 (defaults, tiles of 128 from 128 sequences, against decode_attention_tile_128_from=0)"; tail -7 "$out/w1_tile.log"
+    echo "== w1 (defaults, tiles of 128 from 1,024 programs, against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     cat "$out/w1_host_summary.txt"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"

@@ -150,12 +150,12 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
         {"device.decode_attention_warps": 8},
         {"device.decode_attention_stages": 5},
         {"device.decode_attention_tile": 128},
-        {"device.decode_attention_tile_128_from": 8},  # the 12-sequence steps only
+        {"device.decode_attention_tile_128_from_programs": 8},  # the larger steps only
     ],
 )
 def test_other_decode_attention_builds_keep_the_tokens_through_graphs(tmp_path, setting) -> None:
     """A decode attention build other than the default (8 warps, two key tiles buffered, keys in
-    tiles of 128 in every step or from 8 sequences): the same greedy tokens as the defaults,
+    tiles of 128 in every step or from 8 programs): the same greedy tokens as the defaults,
     float32, through the graphs (batch 1 splits the context most) and eager steps (12
     requests)."""
     from aioworker.compute.layers.attention.triton_decode import DecodeBuild
@@ -166,7 +166,8 @@ def test_other_decode_attention_builds_keep_the_tokens_through_graphs(tmp_path, 
     for settings in ({}, setting):
         eng = engine(tmp_path, **{"model.dtype": "float32", **settings})
         try:
-            build = eng.executor.runner.backend.decode_build_for(12)
+            runner = eng.executor.runner
+            build = runner.backend.decode_build_for(12, runner.num_kv_heads)
             assert (build != DecodeBuild()) == bool(settings)
             outputs.append(
                 [

@@ -119,7 +119,11 @@ def warm_up_eager(runner: CudaModelRunner, step_tokens: int) -> None:
     scratch row holds no more blocks)."""
     longest = min(step_tokens, runner.max_model_len)
     # Backends without builds of their own (xformers) launch one kernel whatever the batch.
-    build_of = getattr(runner.backend, "decode_build_for", lambda num_seqs: None)
+    build_for = getattr(runner.backend, "decode_build_for", lambda num_seqs, num_kv_heads: None)
+
+    def build_of(num_seqs: int) -> Hashable:
+        return build_for(num_seqs, runner.num_kv_heads)
+
     steps = warm_steps(
         runner.scratch_row, runner.num_splits, runner.max_verify_queries, longest, build_of
     )

@@ -24,19 +24,24 @@ def test_the_decode_attention_settings_build_the_decode_programs() -> None:
 @pytest.mark.parametrize(
     ("settings", "tiles"),
     [
-        ({}, {1: 64, 127: 64, 128: 128, 256: 128}),  # the default: 128 keys from 128 sequences
-        ({"decode_attention_tile_128_from": 0}, {1: 64, 256: 64}),
-        ({"decode_attention_tile_128_from": 8}, {7: 64, 8: 128}),
-        ({"decode_attention_tile": 128, "decode_attention_tile_128_from": 0}, {1: 128, 256: 128}),
+        # the default: 128 keys from 1,024 programs, 128 sequences over 8 KV heads, 256 over 4
+        ({}, {(1, 8): 64, (127, 8): 64, (128, 8): 128, (256, 8): 128, (128, 4): 64, (256, 4): 128}),
+        ({"decode_attention_tile_128_from_programs": 0}, {(1, 8): 64, (256, 8): 64}),
+        ({"decode_attention_tile_128_from_programs": 8}, {(7, 1): 64, (8, 1): 128, (1, 8): 128}),
+        (
+            {"decode_attention_tile": 128, "decode_attention_tile_128_from_programs": 0},
+            {(1, 8): 128, (256, 8): 128},
+        ),
     ],
 )
-def test_large_decode_batches_take_keys_in_tiles_of_128(settings, tiles) -> None:
+def test_large_decode_steps_take_keys_in_tiles_of_128(settings, tiles) -> None:
+    """By programs, (sequence, KV head) pairs: a rank with fewer KV heads needs more sequences."""
     backend = select_cuda_backend(
         DeviceOptions(decode_attention_warps=8, **settings), block_size=16
     )
-    for num_seqs, tile in tiles.items():
-        build = backend.decode_build_for(num_seqs)
-        assert build.tile == tile, num_seqs
+    for (num_seqs, num_kv_heads), tile in tiles.items():
+        build = backend.decode_build_for(num_seqs, num_kv_heads)
+        assert build.tile == tile, (num_seqs, num_kv_heads)
         assert build.warps == 8  # only the tile changes
 
 

@@ -61,17 +61,19 @@ def test_the_steps_cover_few_rows_each_token_class_and_every_split_class_alone_a
 
 
 def test_a_batch_taking_larger_key_tiles_starts_a_class_of_its_own() -> None:
-    """Decode steps from device.decode_attention_tile_128_from sequences launch another build
-    of decode attention: the warm-up runs the first such batch alone and beside a prefill,
-    even where its split count's class was already warmed."""
+    """Decode steps from device.decode_attention_tile_128_from_programs (sequences x KV heads)
+    launch another build of decode attention: the warm-up runs the first such batch alone and
+    beside a prefill, even where its split count's class was already warmed."""
     from aioworker.compute.layers.attention.cuda_backend import CudaAttentionBackend
 
     splits = engine_splits(2048)
-    backend = CudaAttentionBackend(16, tile_128_from=128)
-    assert decode_counts(256, splits, backend.decode_build_for) == sorted(
-        set(decode_counts(256, splits)) | {128}
-    )
-    steps = warm_steps(256, splits, build_of=backend.decode_build_for)
+    backend = CudaAttentionBackend(16, tile_128_from_programs=1024)
+
+    def build_of(num_seqs: int):
+        return backend.decode_build_for(num_seqs, 8)
+
+    assert decode_counts(256, splits, build_of) == sorted(set(decode_counts(256, splits)) | {128})
+    steps = warm_steps(256, splits, build_of=build_of)
     assert {len(s.nums) for s in steps if set(s.nums) == {1}} >= {128}
     assert {len(s.nums) - 1 for s in steps if s.nums[0] == MIXED_PREFILL} >= {128}
 

@@ -30,7 +30,7 @@ def select_cuda_backend(options: DeviceOptions, block_size: int) -> AttentionBac
             block_size,
             options.fused_rope_attention,
             build,
-            tile_128_from=options.decode_attention_tile_128_from,
+            tile_128_from_programs=options.decode_attention_tile_128_from_programs,
         )
     if name == "xformers":
         from aioworker.compute.layers.attention.xformers_backend import XformersAttentionBackend

@@ -72,21 +72,23 @@ class CudaAttentionBackend:
         block_size: int,
         rope_in_decode: bool = False,
         decode_build: DecodeBuild = DEFAULT_BUILD,
-        tile_128_from: int = 0,
+        tile_128_from_programs: int = 0,
     ) -> None:
-        """`tile_128_from` (device.decode_attention_tile_128_from): decode steps of at least
-        that many sequences take keys in tiles of 128 whatever `decode_build`'s tile; 0: none."""
+        """`tile_128_from_programs` (device.decode_attention_tile_128_from_programs): decode
+        steps of at least that many (sequence, KV head) pairs take keys in tiles of 128 whatever
+        `decode_build`'s tile; 0: none."""
         self.block_size = block_size
         self.rope_in_decode = rope_in_decode
         self.decode_build = decode_build  # device.decode_attention_*
-        self.tile_128_from = tile_128_from
+        self.tile_128_from_programs = tile_128_from_programs
         self._large_build = dataclasses.replace(decode_build, tile=128)
 
-    def decode_build_for(self, num_seqs: int) -> DecodeBuild:
-        """The build a decode step of `num_seqs` sequences launches: tiles of 128 keys read
-        faster once enough programs fill the device, and slower below that (docs/benchmarks.md,
-        2026-12-07)."""
-        if self.tile_128_from and num_seqs >= self.tile_128_from:
+    def decode_build_for(self, num_seqs: int, num_kv_heads: int) -> DecodeBuild:
+        """The build a decode step of `num_seqs` sequences over `num_kv_heads` KV heads (the
+        rank's) launches: tiles of 128 keys read faster from about 1,024 programs, and slower at
+        512 (docs/benchmarks.md, 2026-12-07)."""
+        programs = num_seqs * num_kv_heads
+        if self.tile_128_from_programs and programs >= self.tile_128_from_programs:
             return self._large_build
         return self.decode_build
 
@@ -151,7 +153,7 @@ class CudaAttentionBackend:
             part.num_splits,
             queries=part.queries,
             rope_in=rope_in,
-            build=self.decode_build_for(part.block_tables.shape[0]),
+            build=self.decode_build_for(part.block_tables.shape[0], k_cache.shape[2]),
         )
 
 
