@@ -13,8 +13,9 @@ from aioworker.config import load_config
 
 # Triton picks compiled or interpreted when a kernel is defined, so on a machine without an NVIDIA
 # driver (no /dev/nvidiactl) every kernel must be defined under its interpreter, whichever test
-# module imports one first: each module's own setdefault came too late after a torch-free one had
-# imported the kernels (test_attention_backends before test_triton_decode failed 12 tests).
+# module imports one first. Set once here, before any module is collected: the modules' own
+# settings came too late after another had imported the kernels (test_attention_backends before
+# test_triton_decode failed 12 tests).
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

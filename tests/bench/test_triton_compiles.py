@@ -4,19 +4,13 @@ compiles no kernel (the interpreter runs them), so the hooks are called as Trito
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-# Triton builds its own kernels interpreted or not as this is set when it is first imported; this
-# module is collected before the interpreter's tests.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-knobs = pytest.importorskip("triton").knobs
+knobs = pytest.importorskip("triton").knobs  # interpreted without a GPU (tests/conftest.py)
 
 from aioworker.bench.triton_compiles import TritonCompiles  # noqa: E402
 

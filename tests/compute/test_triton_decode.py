@@ -3,13 +3,9 @@ Triton's interpreter (slow, so sizes are small); on the GPU machine, for real (-
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
 from aioworker.compute.layers.attention.triton_decode import (  # noqa: E402

@@ -3,13 +3,9 @@ CPU machine, small sizes; for real on the GPU machine, -m gpu too)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.quantized import fp8, weight_only  # noqa: E402

@@ -5,13 +5,9 @@ machine under Triton's interpreter; on the GPU machine for real."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.sampling import argmax_kernel  # noqa: E402

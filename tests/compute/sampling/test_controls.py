@@ -4,7 +4,6 @@ no control; their device state across steps and re-admission; and the sampler's 
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -16,9 +15,6 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
 )
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from aioworker.compute.sampling.controls import SamplingControls
 from aioworker.compute.sampling.sampler import Sampler, SampleRow

@@ -3,13 +3,9 @@ interpreter (small sizes); on the GPU machine, for real (-m gpu too)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
 from aioworker.compute.sampling.logprob_kernel import BLOCK, lse_and_top_k  # noqa: E402

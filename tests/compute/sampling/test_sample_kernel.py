@@ -5,13 +5,10 @@ Triton's interpreter (small sizes); on the GPU machine, for real (-m gpu too).""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
 from aioworker.compute.sampling.sample_kernel import BLOCK, draw_rows  # noqa: E402

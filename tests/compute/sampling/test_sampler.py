@@ -3,13 +3,8 @@ one-pass Triton kernel (in Triton's interpreter on a CPU machine)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from aioworker.compute.sampling.sampler import Sampler, SampleRow, derive_seed
 from aioworker.core.plan import SamplingSettings

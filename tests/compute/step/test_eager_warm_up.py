@@ -4,15 +4,12 @@ of split count alone and beside a prefill, and verify queries where speculation 
 
 from __future__ import annotations
 
-import os
 import types
 
 import msgspec
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits  # noqa: E402

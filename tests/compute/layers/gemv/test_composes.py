@@ -7,14 +7,10 @@ around them (device.norms_in_product_finish), the superset of their paths."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv import product  # noqa: E402

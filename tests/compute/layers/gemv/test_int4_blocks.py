@@ -5,14 +5,10 @@ CPU; the PTX widening on the GPU with -m gpu, test_gpu_gemv.py)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import triton  # noqa: E402

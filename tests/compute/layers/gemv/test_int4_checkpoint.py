@@ -4,13 +4,9 @@ do, and greedy tokens equal torch's int4 path (CPU under Triton's interpreter, f
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from safetensors.torch import load_file  # noqa: E402

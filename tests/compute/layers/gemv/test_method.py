@@ -5,13 +5,9 @@ model without them (CPU, float32, Triton's interpreter; on the GPU with -m gpu t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv import product  # noqa: E402

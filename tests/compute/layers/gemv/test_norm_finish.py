@@ -5,13 +5,9 @@ runs them through whole models)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv.product import (  # noqa: E402

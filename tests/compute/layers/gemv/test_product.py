@@ -4,14 +4,10 @@ a CPU machine, in float32; bf16 and e4m3 on the GPU with -m gpu too)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from aioworker.compute.layers.gemv.product import AddNorm, small_rows_product  # noqa: E402

@@ -5,19 +5,13 @@ thing; this catches a wrong constant without one)."""
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 
 import pytest
 import torch
 
-# As the kernels' other tests do: Triton reads TRITON_INTERPRET once, so a module that imports
-# the kernels first decides for the whole run (imported first, this one left them compiled, and
-# the interpreter tests after it failed)
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+triton = pytest.importorskip("triton")  # interpreted without a GPU (tests/conftest.py)
 
 from aioworker.compute.layers.gemv import int4_blocks, int4_blocks_dot, widening  # noqa: E402
 from aioworker.compute.layers.quantized.weight_only import pack_int4_blocks  # noqa: E402
