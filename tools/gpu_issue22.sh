@@ -76,6 +76,9 @@
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
+#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
+#                                 no tiles of 128 keys, W4 of bf16, fp8 and wint4 (the defaults),
+#                                 attention's tiles at W1's large steps, a 200-sequence step profiled
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -362,6 +365,32 @@ case "${1:-}" in
     cat "$out/w1_host_summary.txt"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
+  h200)  # one call that only an H200 spends (on another GPU: mode $2 if given, else nothing,
+         # so asking for an H200 and getting an H100 costs seconds), the goals' most stale
+         # figures first, each part's limit keeping the whole under 560 s: W1 against no tiles
+         # of 128 keys (recorded), W4 of bf16, fp8 and wint4 (the defaults, three runs, recorded),
+         # decode attention's tiles at W1's large steps, a 200-sequence decode step profiled
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    echo "GPU: $gpu"
+    if ! echo "$gpu" | grep -q H200; then
+      [ -n "${2:-}" ] && exec bash "$0" "${@:2}"
+      exit 0
+    fi
+    timeout 200 "${BENCH[@]}" \
+      --workload w1 --no-reference --record docs/benchmarks.md \
+      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    W4_REPEATS=3 w4 none,fp8,wint4 180 h200
+    timeout 60 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
+      --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:-:128:seq \
+      > "$out/attn_w1.log" 2>&1
+    timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
+      > "$out/w1_profile.log" 2>&1
+    echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
+    echo "== w4 (defaults)"; tail -10 "$out/w4_h200.log"
+    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
+    echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
+    ;;
   rope)  # the rotary-and-cache kernel: one token a program against 4 and 16, and the bits
     for model in qwen3-0.6b llama-3.1-8b; do
       timeout 120 python3 tools/bench_rope_cache.py --model "$model" > "$out/rope_$model.log" 2>&1
@@ -421,6 +450,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|w1h200|rope|products|w1host" >&2; exit 2 ;;
 esac
 exit 0
