@@ -114,10 +114,8 @@ def test_other_builds_of_the_kernel_give_the_reference(tile_n, heads_first, num_
         (1, DecodeBuild()),
         (3, DecodeBuild()),
         (3, DecodeBuild(tile=32, heads_first=True)),
-        (
-            2,
-            DecodeBuild(tile=128),
-        ),  # large steps' build (device.decode_attention_tile_128_from_programs)
+        # the large steps' build (device.decode_attention_tile_128_from_programs)
+        (2, DecodeBuild(tile=128)),
     ],
 )
 def test_several_queries_per_sequence_see_the_context_up_to_their_own_position(

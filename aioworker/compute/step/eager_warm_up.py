@@ -71,10 +71,15 @@ def split_class(splits: int) -> str:
     return "one" if splits == 1 else "by16" if splits % 16 == 0 else "other"
 
 
+def one_build(num_seqs: int) -> Hashable:
+    """For a backend that launches the same decode attention whatever the batch."""
+    return None
+
+
 def decode_counts(
     max_num_seqs: int,
     num_splits: Callable[[int], int],
-    build_of: Callable[[int], Hashable] = lambda num_seqs: None,
+    build_of: Callable[[int], Hashable] = one_build,
 ) -> list[int]:
     """The least decode batch of each class of split count and decode attention build
     (`build_of`: the backend's for a batch; a larger batch may take larger key tiles) that
@@ -90,7 +95,7 @@ def warm_steps(
     num_splits: Callable[[int], int],
     verify_queries: int = 0,
     step_tokens: int = 0,
-    build_of: Callable[[int], Hashable] = lambda num_seqs: None,
+    build_of: Callable[[int], Hashable] = one_build,
 ) -> list[WarmStep]:
     """The eager steps to run: prefills of PREFILL_LENGTHS tokens, and of LONG_PREFILLS up to
     `step_tokens` (the step's token budget: no more than profiling sized the cache for; 0:
