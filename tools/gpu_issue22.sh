@@ -79,6 +79,8 @@
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
 #                                 no tiles of 128 keys, W4 of bf16, fp8 and wint4 (the defaults),
 #                                 attention's tiles at W1's large steps, a 200-sequence step profiled
+#   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
+#                                 and the kernels' every-shape test (EVERY_S: its time limit)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
 # TESTS_K: group128's test selection (pytest -k). TESTS_S: the kernel tests' time limit.
 # W4_REPEATS=N: each W4 side N times, alternating, medians (default 1; 3 to decide a candidate).
@@ -390,6 +392,13 @@ case "${1:-}" in
     echo "== w4 (defaults)"; tail -10 "$out/w4_h200.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
+    ;;
+  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
+           # named default) and the kernels' every-shape test (EVERY_S: its time limit)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/step/test_gpu_warm_up.py > "$out/warm_up.log" 2>&1
+    every_shape "${EVERY_S:-380}"
+    echo "== warm-up"; grep -E "passed|failed|^FAILED|^E  " "$out/warm_up.log" | tail -4
     ;;
   rope)  # the rotary-and-cache kernel: one token a program against 4 and 16, and the bits
     for model in qwen3-0.6b llama-3.1-8b; do
