@@ -79,6 +79,7 @@
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
 #                                 no tiles of 128 keys, W4 of bf16, fp8 and wint4 (the defaults),
 #                                 attention's tiles at W1's large steps, a 200-sequence step profiled
+#                                 (ANALYSIS=0: W1 and W4 only, ~390 s)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
 #                                 and the kernels' every-shape test (EVERY_S: its time limit)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
@@ -107,6 +108,12 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
   timeout "$limit" "${BENCH[@]}" \
     --workload w4 --w4-formats "$formats" --w4-repeats "${W4_REPEATS:-1}" --no-reference --record docs/benchmarks.md "$@" \
     > "$out/w4_$name.log" 2>&1
+  cp docs/benchmarks.md "$out/"
+}
+w1_tile() {  # W1, the defaults against no tiles of 128 keys, recorded (copied to $OUT)
+  timeout 200 "${BENCH[@]}" \
+    --workload w1 --no-reference --record docs/benchmarks.md \
+    --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
@@ -329,10 +336,7 @@ case "${1:-}" in
   goals)  # the goals table and the two pending settings, in one call (W4_S: W4's time limit)
     W4_REPEATS="${W4_REPEATS:-3}" w4 none,fp8,wint8,wint4 "${W4_S:-330}" goals \
       --candidate device.pdl_max_batch=8
-    timeout 200 "${BENCH[@]}" \
-      --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
-    cp docs/benchmarks.md "$out/"
+    w1_tile
     echo "== w4 (defaults against pdl_max_batch=8)"; tail -12 "$out/w4_goals.log"
     echo "== w1 (defaults, tiles of 128 from 1,024 programs, against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
     ;;
@@ -352,10 +356,7 @@ case "${1:-}" in
     ;;
   w1h200)  # for an H200: W1 against no tiles of 128 keys (recorded), decode attention's builds
            # at W1's large steps (graph-timed), and the prefill steps' launches (w1host)
-    timeout 200 "${BENCH[@]}" \
-      --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
-    cp docs/benchmarks.md "$out/"
+    w1_tile
     timeout 170 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
       --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
       > "$out/attn_w1.log" 2>&1
@@ -378,10 +379,7 @@ case "${1:-}" in
       [ -n "${2:-}" ] && exec bash "$0" "${@:2}"
       exit 0
     fi
-    timeout 200 "${BENCH[@]}" \
-      --workload w1 --no-reference --record docs/benchmarks.md \
-      --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
-    cp docs/benchmarks.md "$out/"
+    w1_tile
     W4_REPEATS=3 w4 none,fp8,wint4 180 h200
     if [ "${ANALYSIS:-1}" = 1 ]; then  # ANALYSIS=0: the goals' figures only (~390 s)
       timeout 60 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
@@ -461,6 +459,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|w1h200|rope|products|w1host" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
 esac
 exit 0
