@@ -76,10 +76,12 @@
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
-#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
-#                                 no tiles of 128 keys, W4 of bf16, fp8 and wint4 (the defaults),
-#                                 attention's tiles at W1's large steps, a 200-sequence step profiled
-#                                 (ANALYSIS=0: W1 and W4 only, ~390 s)
+#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): a refine
+#                                 sweep of wint4 in groups of 128 (commit the table), W4 wint4,
+#                                 W1 against no tiles of 128 keys
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8 against
+#                                 pdl_max_batch=8, attention's builds at W1's large steps, a
+#                                 200-sequence step profiled
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
 #                                 and the kernels' every-shape test (EVERY_S: its time limit)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
@@ -123,6 +125,14 @@ tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep
     > "$out/gemv_tests.log" 2>&1
   timeout $(( budget + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
     --budget-s "$budget" --write-table "$@" > "$out/gemv_tune.log" 2>&1
+}
+h200_only() {  # true on an H200; elsewhere runs mode $2 (and its arguments) if given, or
+              # nothing, and returns false
+  local gpu; gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "GPU: $gpu"
+  echo "$gpu" | grep -q H200 && return 0
+  [ -n "${2:-}" ] && bash "$0" "${@:2}"
+  return 1
 }
 every_shape() {  # the kernels against the reference at every shape of configs/models/
   timeout "$1" python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
@@ -368,30 +378,38 @@ case "${1:-}" in
     cat "$out/w1_host_summary.txt"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
-  h200)  # one call that only an H200 spends (on another GPU: mode $2 if given, else nothing,
-         # so asking for an H200 and getting an H100 costs seconds), the goals' most stale
-         # figures first, each part's limit keeping the whole under 560 s: W1 against no tiles
-         # of 128 keys (recorded), W4 of bf16, fp8 and wint4 (the defaults, three runs, recorded),
-         # decode attention's tiles at W1's large steps, a 200-sequence decode step profiled
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    echo "GPU: $gpu"
-    if ! echo "$gpu" | grep -q H200; then
-      [ -n "${2:-}" ] && exec bash "$0" "${@:2}"
-      exit 0
-    fi
+  h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
+         # nothing, so asking for an H200 and getting an H100 costs seconds), what is most stale
+         # first, each part's limit keeping the whole under 600 s: a refine sweep of wint4 in
+         # groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its
+         # budget; commit the table), W4 wint4 (three runs a side, groups of 32 beside), W1
+         # against no tiles of 128 keys (recorded). Then, on the same machine, `h200b`.
+    h200_only "$@" || exit 0
+    timeout $(( ${SWEEP_S:-180} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+      --budget-s "${SWEEP_S:-180}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
+      --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
+    keep_table
+    W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
     w1_tile
-    W4_REPEATS=3 w4 none,fp8,wint4 180 h200
-    if [ "${ANALYSIS:-1}" = 1 ]; then  # ANALYSIS=0: the goals' figures only (~390 s)
-      timeout 60 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
-        --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:-:128:seq \
-        > "$out/attn_w1.log" 2>&1
-      timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
-        > "$out/w1_profile.log" 2>&1
-    fi
+    echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
+    grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
+    echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
     echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
-    echo "== w4 (defaults)"; tail -10 "$out/w4_h200.log"
-    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log" 2>/dev/null
-    echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log" 2>/dev/null
+    ;;
+  h200b)  # the second H200 call, after `h200` on the same machine (its table in /tmp): W4 of
+          # bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences (three runs a side,
+          # recorded), decode attention's builds at W1's large steps (two key tiles buffered
+          # among them: the H200 is where a deeper pipeline could pay), a 200-sequence step
+    h200_only "$@" || exit 0
+    W4_REPEATS=3 w4 none,fp8,wint8 "${W4_S:-270}" h200 --candidate device.pdl_max_batch=8
+    timeout 70 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
+      --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
+      4:5:128:seq > "$out/attn_w1.log" 2>&1
+    timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
+      > "$out/w1_profile.log" 2>&1
+    echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"
+    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
+    echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
@@ -459,6 +477,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
 esac
 exit 0
