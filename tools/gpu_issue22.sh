@@ -82,6 +82,8 @@
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8 against
 #                                 pdl_max_batch=8, attention's builds at W1's large steps, a
 #                                 200-sequence step profiled
+#   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
+#                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
 #                                 and the kernels' every-shape test (EVERY_S: its time limit)
 # SHAPES=llama-3.1-8b[:qkv],...: group128's sweep of those shapes only (gemv_tune.py --shapes).
@@ -411,6 +413,12 @@ case "${1:-}" in
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
+  draws)  # W1 on nano-vllm's own draws against the draws it ran until 2026-12-07 (three runs a
+          # side, alternating, one engine; recorded), recorded
+    timeout 250 python3 tools/w1_draws.py --record docs/benchmarks.md > "$out/w1_draws.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    echo "== w1, the two draws"; tail -6 "$out/w1_draws.log"
+    ;;
   unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
@@ -477,6 +485,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|draws|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
 esac
 exit 0

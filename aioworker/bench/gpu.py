@@ -1,8 +1,9 @@
 """GPU workloads (issue 4), each beside the hardware's limits measured in the same run, and
 transformers `generate` on the same configuration with random weights of the same shapes.
 
-W1  nano-vllm's workload on the Qwen3-0.6B shape: 256 sequences, input and output lengths
-    uniform in [100, 1024], ignore_eos, temperature 0.6: output tokens/s.
+W1  nano-vllm's workload on the Qwen3-0.6B shape, its bench.py's own draws
+    (nano_vllm_draws.py): 256 sequences, input and output lengths uniform in [100, 1024],
+    ignore_eos, temperature 0.6: output tokens/s.
 W4  batch-1 decode, 1024 in / 128 out, Llama-3.1-8B and Qwen3-0.6B shapes: ms per output
     token beside the weight-read floor (weight bytes / measured copy bandwidth).
 W5  static batches, 1024 in / 128 out, Llama-3.1-8B shape: median decode step, memory
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from aioworker.bench.nano_vllm_draws import Draws, nano_vllm_draws
 from aioworker.bench.step_timeline import StepTimeline
 from aioworker.checkpoint.model_config import ModelConfig
 from aioworker.config import load_config
@@ -166,23 +168,20 @@ def w5_static_batch(engine, batch: int, vocab: int) -> StaticBatch:
 
 
 def w1_tokens_per_s(
-    engine, logprobs: int | None = None, timeline: StepTimeline | None = None
+    engine,
+    logprobs: int | None = None,
+    timeline: StepTimeline | None = None,
+    draws: Draws | None = None,
 ) -> tuple[float, int]:
-    """nano-vllm's bench.py draws; `logprobs`: each sampled token's logprob and top k too;
-    `timeline`: records the timed run's steps (step_timeline.py). The timed run starts with
-    nothing in the prefix cache: every run draws the same prompts, so without that a run
-    after the first (or after the warm-up, for its prompts) would skip their prefill."""
-    rng = random.Random(0)
-    num_seqs = 256
-    prompts = [random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(num_seqs)]
+    """nano-vllm's bench.py draws (or `draws`); `logprobs`: each sampled token's logprob and
+    top k too; `timeline`: records the timed run's steps (step_timeline.py). The timed run
+    starts with nothing in the prefix cache: every run draws the same prompts, so without that
+    a run after the first (or after the warm-up, for its prompts) would skip their prefill."""
+    draws = draws or nano_vllm_draws()
+    prompts = draws.prompts
     params = [
-        SamplingParams(
-            temperature=0.6,
-            ignore_eos=True,
-            max_tokens=rng.randint(100, 1024),
-            logprobs=logprobs,
-        )
-        for _ in range(num_seqs)
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n, logprobs=logprobs)
+        for n in draws.max_tokens
     ]
     # Warm-up, with the same options: the first logprobs step compiles their kernel.
     engine.generate(prompts[:4], SamplingParams(max_tokens=8, logprobs=logprobs))

@@ -59,7 +59,8 @@ def test_a_w1_run_starts_with_nothing_cached() -> None:
     one engine did before 2026-12-06)."""
     engine = _RecordingEngine()
     for _ in range(2):
-        gpu.w1_tokens_per_s(engine)
+        _, output_tokens = gpu.w1_tokens_per_s(engine)
+        assert output_tokens == 133_966  # nano-vllm's draws (test_nano_vllm_draws.py)
     assert engine.calls == ["generate 4", "reset", "generate 256"] * 2
 
 
