@@ -414,7 +414,7 @@ case "${1:-}" in
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   draws)  # W1 on nano-vllm's own draws against the draws it ran until 2026-12-07 (three runs a
-          # side, alternating, one engine; recorded), recorded
+          # side, alternating, one engine; recorded)
     timeout 250 python3 tools/w1_draws.py --record docs/benchmarks.md > "$out/w1_draws.log" 2>&1
     cp docs/benchmarks.md "$out/"
     echo "== w1, the two draws"; tail -6 "$out/w1_draws.log"
