@@ -76,9 +76,9 @@
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
-#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): a refine
-#                                 sweep of wint4 in groups of 128 (commit the table), W4 wint4,
-#                                 W1 against no tiles of 128 keys
+#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
+#                                 no tiles of 128 keys, a refine sweep of wint4 in groups of 128
+#                                 (commit the table), W4 wint4
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8 against
 #                                 pdl_max_batch=8, attention's builds at W1's large steps, a
 #                                 200-sequence step profiled
@@ -382,17 +382,18 @@ case "${1:-}" in
     ;;
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
          # nothing, so asking for an H200 and getting an H100 costs seconds), what is most stale
-         # first, each part's limit keeping the whole under 600 s: a refine sweep of wint4 in
-         # groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its
-         # budget; commit the table), W4 wint4 (three runs a side, groups of 32 beside), W1
-         # against no tiles of 128 keys (recorded). Then, on the same machine, `h200b`.
+         # first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's draws since
+         # 2026-12-07) against no tiles of 128 keys (recorded), a refine sweep of wint4 in groups
+         # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
+         # commit the table), W4 wint4 (three runs a side, groups of 32 beside). Then, on the
+         # same machine, `h200b`.
     h200_only "$@" || exit 0
+    w1_tile
     timeout $(( ${SWEEP_S:-180} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
       --budget-s "${SWEEP_S:-180}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
       --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
     keep_table
     W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
-    w1_tile
     echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
     grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
