@@ -128,12 +128,12 @@ tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep
   timeout $(( budget + 60 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
     --budget-s "$budget" --write-table "$@" > "$out/gemv_tune.log" 2>&1
 }
-h200_only() {  # true on an H200; elsewhere runs mode $2 (and its arguments) if given, or
-              # nothing, and returns false
+h200_only() {  # true on an H200; elsewhere becomes mode $2 (with its arguments) if given, or
+              # returns false
   local gpu; gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "GPU: $gpu"
   echo "$gpu" | grep -q H200 && return 0
-  [ -n "${2:-}" ] && bash "$0" "${@:2}"
+  [ -n "${2:-}" ] && exec bash "$0" "${@:2}"
   return 1
 }
 every_shape() {  # the kernels against the reference at every shape of configs/models/

@@ -17,14 +17,15 @@ import random
 import statistics
 
 from aioworker.bench import gpu
+from aioworker.bench.gpu_run import listed_runs
 from aioworker.bench.nano_vllm_draws import Draws, nano_vllm_draws
 from aioworker.bench.report import append_to_doc, format_table
 
 
 def draws_before_2026_12_07() -> Draws:
-    """The draws W1 made until 2026-12-07: token ids from randrange(10000)."""
+    """The draws W1 made until 2026-12-07: token ids from random_prompt's randrange(10000)."""
     rng = random.Random(0)
-    prompts = [[rng.randrange(10000) for _ in range(rng.randint(100, 1024))] for _ in range(256)]
+    prompts = [gpu.random_prompt(rng.randint(100, 1024), 10000, rng) for _ in range(256)]
     return Draws(prompts, [rng.randint(100, 1024) for _ in range(256)])
 
 
@@ -52,7 +53,7 @@ def main() -> None:
             f"{sum(map(len, draws.prompts)):,}",
             f"{sum(draws.max_tokens):,}",
             f"{statistics.median(runs[name]):,.0f}",
-            ", ".join(f"{rate:,.0f}" for rate in runs[name]),
+            listed_runs(runs[name]),
         ]
         for name, draws in sides.items()
     ]

@@ -78,7 +78,7 @@ def run_w1(limits: gpu.Limits, candidate: dict | None = None) -> tuple[str, str]
                 breakdowns.append(timeline.summary())
     gpu.free(engine)
     median = {name: statistics.median(values) for name, values in runs.items()}
-    rows = [[name, f"{median[name]:,.0f}", _runs(runs[name]), f"{total:,}"] for name in runs]
+    rows = [[name, f"{median[name]:,.0f}", listed_runs(runs[name]), f"{total:,}"] for name in runs]
     header = ["W1 (nano-vllm, Qwen3-0.6B)", "output tok/s (median)", "runs", "output tokens"]
     plain = median["aioworker"]
     notes = (
@@ -113,7 +113,7 @@ def run_w1_candidate(limits: gpu.Limits, candidate: dict) -> tuple[str, str]:
                 breakdowns.append(timeline.summary())
         gpu.free(engine)
     median = {name: statistics.median(values) for name, values in runs.items()}
-    rows = [[name, f"{median[name]:,.0f}", _runs(runs[name])] for name in runs]
+    rows = [[name, f"{median[name]:,.0f}", listed_runs(runs[name])] for name in runs]
     header = ["W1 (nano-vllm, Qwen3-0.6B)", "output tok/s (median)", "runs"]
     named = ", ".join(f"{key}={value}" for key, value in candidate.items())
     notes = (
@@ -173,5 +173,5 @@ def run_w7(limits: gpu.Limits) -> tuple[str, str]:
     return format_table(header, rows), notes
 
 
-def _runs(values: list[float]) -> str:
+def listed_runs(values: list[float]) -> str:
     return ", ".join(f"{v:,.0f}" for v in values)
