@@ -120,6 +120,11 @@ w1_tile() {  # W1, the defaults against no tiles of 128 keys, recorded (copied t
     --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
+w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs
+  timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 \
+    --context 811 --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq \
+    4:-:128:seq 4:5:128:seq > "$out/attn_w1.log" 2>&1
+}
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
   local budget="$1"; shift
   timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
@@ -385,8 +390,8 @@ case "${1:-}" in
          # first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's draws since
          # 2026-12-07) against no tiles of 128 keys (recorded), a refine sweep of wint4 in groups
          # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
-         # commit the table), W4 wint4 (three runs a side, groups of 32 beside). Then, on the
-         # same machine, `h200b`.
+         # commit the table), W4 wint4 (three runs a side, groups of 32 beside), and with time
+         # left, decode attention's builds at W1's steps. Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
     w1_tile
     timeout $(( ${SWEEP_S:-180} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
@@ -394,10 +399,12 @@ case "${1:-}" in
       --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
     keep_table
     W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
+    if [ "$SECONDS" -lt 500 ]; then w1_attention; fi  # if time is left: h200b's table
     echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
     grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
     echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
+    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
     ;;
   h200b)  # the second H200 call, after `h200` on the same machine (its table in /tmp): W4 of
           # bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences (three runs a side,
@@ -405,9 +412,7 @@ case "${1:-}" in
           # among them: the H200 is where a deeper pipeline could pay), a 200-sequence step
     h200_only "$@" || exit 0
     W4_REPEATS=3 w4 none,fp8,wint8 "${W4_S:-270}" h200 --candidate device.pdl_max_batch=8
-    timeout 70 python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 --context 811 \
-      --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
-      4:5:128:seq > "$out/attn_w1.log" 2>&1
+    w1_attention
     timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
       > "$out/w1_profile.log" 2>&1
     echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"
