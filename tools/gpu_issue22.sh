@@ -77,11 +77,11 @@
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
-#                                 no tiles of 128 keys, a refine sweep of wint4 in groups of 128
-#                                 (commit the table), W4 wint4
-#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8 against
-#                                 pdl_max_batch=8, attention's builds at W1's large steps, a
-#                                 200-sequence step profiled
+#                                 no tiles of 128 keys, attention's builds at W1's large steps, a
+#                                 200-sequence step profiled, a refine sweep of wint4 in groups
+#                                 of 128 (commit the table)
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 wint4 against groups of 32,
+#                                 then W4 of bf16, fp8 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
@@ -124,6 +124,10 @@ w1_attention() {  # decode attention's builds at W1's large steps, timed in grap
   timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 \
     --context 811 --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq \
     4:-:128:seq 4:5:128:seq > "$out/attn_w1.log" 2>&1
+}
+w1_profile() {  # where a 200-sequence decode step of W1's model goes, torch's profiler
+  timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
+    > "$out/w1_profile.log" 2>&1
 }
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
   local budget="$1"; shift
@@ -386,38 +390,37 @@ case "${1:-}" in
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
-         # nothing, so asking for an H200 and getting an H100 costs seconds), what is most stale
-         # first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's draws since
-         # 2026-12-07) against no tiles of 128 keys (recorded), a refine sweep of wint4 in groups
-         # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
-         # commit the table), W4 wint4 (three runs a side, groups of 32 beside), and with time
-         # left, decode attention's builds at W1's steps. Then, on the same machine, `h200b`.
+         # nothing, so asking for an H200 and getting an H100 costs seconds), W1 and where its
+         # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
+         # draws since 2026-12-07) against no tiles of 128 keys (recorded), decode attention's
+         # builds at W1's steps (two key tiles buffered among them: the H200 is where a deeper
+         # pipeline could pay), a 200-sequence step profiled, then a refine sweep of wint4 in
+         # groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its
+         # budget; commit the table). Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
     w1_tile
-    timeout $(( ${SWEEP_S:-180} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
-      --budget-s "${SWEEP_S:-180}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
+    w1_attention
+    w1_profile
+    timeout $(( ${SWEEP_S:-150} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+      --budget-s "${SWEEP_S:-150}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
       --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
     keep_table
-    W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
-    if [ "$SECONDS" -lt 500 ]; then w1_attention; fi  # if time is left: h200b's table
+    echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
+    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
+    echo "== a 200-sequence decode step"; grep -E "ms/step" "$out/w1_profile.log"
+    grep -A 14 "GPU time per step" "$out/w1_profile.log" | cut -c1-60,100-
     echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
     grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
-    echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
-    echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
-    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
     ;;
-  h200b)  # the second H200 call, after `h200` on the same machine (its table in /tmp): W4 of
+  h200b)  # the second H200 call, after `h200` on the same machine (its table in /tmp): W4 wint4
+          # on the swept table (three runs a side, groups of 32 beside, recorded), then W4 of
           # bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences (three runs a side,
-          # recorded), decode attention's builds at W1's large steps (two key tiles buffered
-          # among them: the H200 is where a deeper pipeline could pay), a 200-sequence step
+          # recorded; W4_S: its limit)
     h200_only "$@" || exit 0
+    W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
     W4_REPEATS=3 w4 none,fp8,wint8 "${W4_S:-270}" h200 --candidate device.pdl_max_batch=8
-    w1_attention
-    timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
-      > "$out/w1_profile.log" 2>&1
+    echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
     echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"
-    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
-    echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   draws)  # W1 on nano-vllm's own draws against the draws it ran until 2026-12-07 (three runs a
           # side, alternating, one engine; recorded)
