@@ -77,12 +77,13 @@
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
-#                                 no tiles of 128 keys, attention's builds at W1's large steps, a
+#                                 tiles of 128 keys from 320 programs, attention's builds at W1's large steps, a
 #                                 200-sequence step profiled, a refine sweep of wint4 in groups
 #                                 of 128 (commit the table)
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 wint4 against groups of 32,
 #                                 W1 against 5 stages where h200 timed them faster, then W4 of
 #                                 bf16, fp8 and wint8 against pdl_max_batch=8
+#   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
@@ -115,14 +116,16 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
     > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
-w1_tile() {  # W1, the defaults against no tiles of 128 keys, recorded (copied to $OUT)
+w1_tile() {  # W1, the defaults against W1_TILE_FROM (default 0: no tiles of 128 keys) as
+             # device.decode_attention_tile_128_from_programs, recorded (copied to $OUT)
   timeout 200 "${BENCH[@]}" \
     --workload w1 --no-reference --record docs/benchmarks.md \
-    --candidate device.decode_attention_tile_128_from_programs=0 > "$out/w1_tile.log" 2>&1
+    --candidate "device.decode_attention_tile_128_from_programs=${W1_TILE_FROM:-0}" \
+    > "$out/w1_tile.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
 w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs
-  timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 80 \
+  timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 112 80 64 48 \
     --context 811 --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq \
     4:-:128:seq 4:5:128:seq > "$out/attn_w1.log" 2>&1
 }
@@ -406,13 +409,13 @@ case "${1:-}" in
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
          # nothing, so asking for an H200 and getting an H100 costs seconds), W1 and where its
          # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
-         # draws since 2026-12-07) against no tiles of 128 keys (recorded), decode attention's
-         # builds at W1's steps (two key tiles buffered among them: the H200 is where a deeper
-         # pipeline could pay), a 200-sequence step profiled, then a refine sweep of wint4 in
+         # draws since 2026-12-07) against tiles of 128 keys from 320 programs (40 sequences;
+         # W1_TILE_FROM), decode attention's builds at W1's steps (two key tiles buffered among
+         # them: the H200 is where a deeper pipeline could pay), a 200-sequence step profiled, then a refine sweep of wint4 in
          # groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its
          # budget; commit the table). Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
-    w1_tile
+    W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
     w1_attention
     cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
     w1_profile
@@ -423,7 +426,7 @@ case "${1:-}" in
         --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
       keep_table
     fi
-    echo "== w1 (defaults against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
+    echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== a 200-sequence decode step"; grep -E "ms/step" "$out/w1_profile.log"
     grep -A 14 "GPU time per step" "$out/w1_profile.log" | cut -c1-60,100-
@@ -448,6 +451,11 @@ case "${1:-}" in
     echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
     [ -f "$out/w1_stages.log" ] && { echo "== w1 (defaults against 5 stages)"; tail -7 "$out/w1_stages.log"; }
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
+    ;;
+  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
+           # recorded: on any GPU (the fallback of `h200 w1tile`)
+    W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
+    echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
     ;;
   draws)  # W1 on nano-vllm's own draws against the draws it ran until 2026-12-07 (three runs a
           # side, alternating, one engine; recorded)
@@ -521,6 +529,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|draws|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
 esac
 exit 0
