@@ -411,9 +411,10 @@ case "${1:-}" in
          # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
          # draws since 2026-12-07) against tiles of 128 keys from 320 programs (40 sequences;
          # W1_TILE_FROM), decode attention's builds at W1's steps (two key tiles buffered among
-         # them: the H200 is where a deeper pipeline could pay), a 200-sequence step profiled, then a refine sweep of wint4 in
-         # groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its
-         # budget; commit the table). Then, on the same machine, `h200b`.
+         # them: the H200 is where a deeper pipeline could pay), a 200-sequence step profiled,
+         # then a refine sweep of wint4 in groups of 128 (8B and 0.6B; the H200's table has no
+         # int4g128 keys; SWEEP_S: its budget; H200_S: the whole call's; commit the table).
+         # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
     W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
     w1_attention
@@ -430,8 +431,10 @@ case "${1:-}" in
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     echo "== a 200-sequence decode step"; grep -E "ms/step" "$out/w1_profile.log"
     grep -A 14 "GPU time per step" "$out/w1_profile.log" | cut -c1-60,100-
-    echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
-    grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
+    if [ -f "$out/gemv_tune.log" ]; then
+      echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
+      grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
+    fi
     ;;
   h200b)  # the second H200 call, after `h200` on the same machine (its table and attention's
           # timings in /tmp): W4 wint4 on the swept table (three runs a side, groups of 32
