@@ -77,9 +77,10 @@
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
-#                                 tiles of 128 keys from 320 programs, attention's builds at W1's large steps, a
-#                                 200-sequence step profiled, a refine sweep of wint4 in groups
-#                                 of 128 (commit the table)
+#                                 tiles of 128 keys from 320 programs, attention's builds at
+#                                 W1's steps, a 200-sequence step profiled, a refine sweep of
+#                                 wint4 in groups of 128 (commit the table; H200_S: the call's
+#                                 seconds)
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 wint4 against groups of 32,
 #                                 W1 against 5 stages where h200 timed them faster, then W4 of
 #                                 bf16, fp8 and wint8 against pdl_max_batch=8
