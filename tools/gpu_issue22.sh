@@ -134,6 +134,14 @@ w1_profile() {  # where a 200-sequence decode step of W1's model goes, torch's p
   timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
     > "$out/w1_profile.log" 2>&1
 }
+sweep_g128() {  # $1: seconds; a refine sweep of wint4 in groups of 128 with PDL, further
+               # arguments to gemv_tune.py (--shapes); the table kept (keep_table)
+  local budget="$1"; shift
+  timeout $(( budget + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
+    --budget-s "$budget" --write-table --refine --pdl --formats wint4 --int4-group 128 "$@" \
+    > "$out/gemv_tune.log" 2>&1
+  keep_table
+}
 stages_pay() {  # true where attn_w1.log timed two buffered key tiles (5 stages) at least 2%
                # faster than Triton's default at W1's 202 sequences in tiles of 128
   python3 - "$out/attn_w1.log" <<'PY'
@@ -343,10 +351,7 @@ case "${1:-}" in
       tests/compute/layers/gemv/test_gpu_gemv.py -k "${TESTS_K:-128 or method or group or raw}" \
       > "$out/gemv_tests.log" 2>&1
     if [ "${SWEEP_S:-200}" -gt 0 ]; then  # SWEEP_S=0: none (the groups take 32's tiles)
-      timeout $(( ${SWEEP_S:-200} + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
-        --budget-s "${SWEEP_S:-200}" --write-table --refine --pdl --formats wint4 --int4-group 128 \
-        ${SHAPES:+--shapes "$SHAPES"} > "$out/gemv_tune.log" 2>&1
-      keep_table
+      sweep_g128 "${SWEEP_S:-200}" ${SHAPES:+--shapes "$SHAPES"}
     fi
     w4 wint4 150 g --candidate model.int4_group=32  # W4 measures groups of 128
     echo "== kernel tests"; grep -E "passed|failed|^FAILED|^E  " "$out/gemv_tests.log" | tail -6
@@ -400,8 +405,7 @@ case "${1:-}" in
       --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq 4:-:128:seq \
       > "$out/attn_w1.log" 2>&1
     HOST_S=150 bash "$0" w1host > "$out/w1_host_summary.txt"
-    timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
-      > "$out/w1_profile.log" 2>&1
+    w1_profile
     echo "== w1 (defaults, tiles of 128 from 1,024 programs, against decode_attention_tile_128_from_programs=0)"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
     cat "$out/w1_host_summary.txt"
@@ -423,10 +427,7 @@ case "${1:-}" in
     w1_profile
     sweep_s=$(( ${H200_S:-580} - SECONDS - 50 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     if [ "$sweep_s" -ge 60 ]; then  # H200_S: the seconds this call may take (its device time)
-      timeout $(( sweep_s + 50 )) python3 tools/gemv_tune.py --json "$out/gemv_tune.json" \
-        --budget-s "$sweep_s" --write-table --refine --pdl --formats wint4 --int4-group 128 \
-        --shapes llama-3.1-8b,qwen3-0.6b > "$out/gemv_tune.log" 2>&1
-      keep_table
+      sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
     fi
     echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
