@@ -152,6 +152,12 @@ class DeviceOptions(_Section):
     # W1 1.012x against 0 (none). Counted in programs, fewer KV heads a rank (tensor parallel)
     # need more sequences.
     decode_attention_tile_128_from_programs: int = 1024
+    # CUDA, one rank, dense models (ignored otherwise): decode graphs of at least this many
+    # sequences (never fewer than 18) run the model's layers as two halves of the batch on two
+    # streams, so that one half's products and norms may run while the other half's attention
+    # reads the KV cache; one LM head for both (compute/step/decode_halves.py). 0: never.
+    # A candidate for W1's large steps, off until a GPU measures it.
+    decode_halves_from: int = 0
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -455,6 +461,11 @@ class WorkerConfig(_Section):
                 f"device.decode_attention_tile_128_from_programs is "
                 f"{device.decode_attention_tile_128_from_programs}; give a count of (sequence, KV "
                 "head) pairs (0: none)"
+            )
+        if device.decode_halves_from < 0:
+            raise ConfigError(
+                f"device.decode_halves_from is {device.decode_halves_from}; give the smallest "
+                "decode batch to run in two halves on two streams (0: never)"
             )
         if not 0 <= device.decode_attention_stages <= 8:
             raise ConfigError(

@@ -85,6 +85,9 @@
 #                                 W1 against 5 stages where h200 timed them faster, then W4 of
 #                                 bf16, fp8 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
+#   tools/gpu_issue22.sh halves   decode steps of HALVES_FROM (128) sequences or more in two
+#                                 halves on two streams: its GPU test, W1 against the defaults,
+#                                 a 200-sequence step with and without
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
@@ -117,13 +120,33 @@ w4() {  # W4 for the formats given, recorded in docs/benchmarks.md (copied to $O
     > "$out/w4_$name.log" 2>&1
   cp docs/benchmarks.md "$out/"
 }
-w1_tile() {  # W1, the defaults against W1_TILE_FROM (default 0: no tiles of 128 keys) as
-             # device.decode_attention_tile_128_from_programs, recorded (copied to $OUT)
+w1_against() {  # $1: KEY=VALUE, $2: the log's name; W1, the defaults against that setting,
+                # three runs a side, recorded (copied to $OUT)
   timeout 200 "${BENCH[@]}" \
-    --workload w1 --no-reference --record docs/benchmarks.md \
-    --candidate "device.decode_attention_tile_128_from_programs=${W1_TILE_FROM:-0}" \
-    > "$out/w1_tile.log" 2>&1
+    --workload w1 --no-reference --record docs/benchmarks.md --candidate "$1" \
+    > "$out/$2.log" 2>&1
   cp docs/benchmarks.md "$out/"
+}
+w1_tile() {  # W1, the defaults against W1_TILE_FROM (default 0: no tiles of 128 keys) as
+             # device.decode_attention_tile_128_from_programs
+  w1_against "device.decode_attention_tile_128_from_programs=${W1_TILE_FROM:-0}" w1_tile
+}
+w1_halves() {  # the halves' GPU test; W1, the defaults against device.decode_halves_from=
+               # HALVES_FROM (128); a 200-sequence step timed with and without
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
+    tests/compute/test_gpu.py -k "halves or graphs_equal_eager" > "$out/halves_test.log" 2>&1
+  w1_against "device.decode_halves_from=${HALVES_FROM:-128}" w1_halves
+  for from in 0 "${HALVES_FROM:-128}"; do
+    timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
+      --set "device.decode_halves_from=$from" > "$out/halves_profile_$from.log" 2>&1
+  done
+}
+halves_table() {
+  echo "== GPU tests"; tail -2 "$out/halves_test.log"
+  echo "== w1 (defaults against decode_halves_from=${HALVES_FROM:-128})"; tail -7 "$out/w1_halves.log"
+  for from in 0 "${HALVES_FROM:-128}"; do
+    echo "== a 200-sequence step, decode_halves_from=$from"; grep -E "ms/step" "$out/halves_profile_$from.log"
+  done
 }
 w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs
   timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 112 80 64 48 \
@@ -414,25 +437,24 @@ case "${1:-}" in
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
          # nothing, so asking for an H200 and getting an H100 costs seconds), W1 and where its
          # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
-         # draws since 2026-12-07) against tiles of 128 keys from 320 programs (40 sequences;
-         # W1_TILE_FROM), decode attention's builds at W1's steps (two key tiles buffered among
-         # them: the H200 is where a deeper pipeline could pay), a 200-sequence step profiled,
-         # then a refine sweep of wint4 in groups of 128 (8B and 0.6B; the H200's table has no
-         # int4g128 keys; SWEEP_S: its budget; H200_S: the whole call's; commit the table).
+         # draws since 2026-12-07) against decode steps of 128 or more sequences in two halves
+         # on two streams (HALVES_FROM; its GPU test first, a 200-sequence step timed with and
+         # without after), decode attention's builds at W1's steps (two key tiles buffered
+         # among them: the H200 is where a deeper pipeline could pay), then a refine sweep of
+         # wint4 in groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys;
+         # SWEEP_S: its budget; H200_S: the whole call's; commit the table).
          # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
-    W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
+    w1_halves
     w1_attention
     cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
-    w1_profile
     sweep_s=$(( ${H200_S:-580} - SECONDS - 50 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     if [ "$sweep_s" -ge 60 ]; then  # H200_S: the seconds this call may take (its device time)
       sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
     fi
-    echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
+    halves_table
     echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
-    echo "== a 200-sequence decode step"; grep -E "ms/step" "$out/w1_profile.log"
-    grep -A 14 "GPU time per step" "$out/w1_profile.log" | cut -c1-60,100-
+    grep -A 14 "GPU time per step" "$out/halves_profile_0.log" | cut -c1-60,100-
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
       grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
@@ -440,22 +462,29 @@ case "${1:-}" in
     ;;
   h200b)  # the second H200 call, after `h200` on the same machine (its table and attention's
           # timings in /tmp): W4 wint4 on the swept table (three runs a side, groups of 32
-          # beside, recorded); W1 against two buffered key tiles where `h200` timed them 2%
-          # faster at W1's large steps (recorded); then W4 of bf16, fp8 and wint8 against PDL in
-          # graphs of up to 8 sequences (three runs a side, recorded) in the time left
+          # beside, recorded); W1 against tiles of 128 keys from 320 programs (W1_TILE_FROM;
+          # recorded); W4 of bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences
+          # (three runs a side, recorded); then, with time left, W1 against two buffered key
+          # tiles where `h200` timed them 2% faster at W1's large steps (recorded)
     h200_only "$@" || exit 0
     W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
-    cp /tmp/attn_w1.log "$out/" 2>/dev/null
-    if [ -f "$out/attn_w1.log" ] && stages_pay; then
-      timeout 200 "${BENCH[@]}" --workload w1 --no-reference --record docs/benchmarks.md \
-        --candidate device.decode_attention_stages=5 > "$out/w1_stages.log" 2>&1
-      cp docs/benchmarks.md "$out/"
-    fi
-    limit=$(( 575 - SECONDS )); [ "$limit" -gt 270 ] && limit=270
+    W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
+    limit=$(( 575 - SECONDS )); [ "$limit" -gt 200 ] && limit=200
     [ "$limit" -gt 60 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
+    cp /tmp/attn_w1.log "$out/" 2>/dev/null
+    if [ $(( 575 - SECONDS )) -gt 200 ] && [ -f "$out/attn_w1.log" ] && stages_pay; then
+      w1_against device.decode_attention_stages=5 w1_stages
+    fi
     echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
-    [ -f "$out/w1_stages.log" ] && { echo "== w1 (defaults against 5 stages)"; tail -7 "$out/w1_stages.log"; }
+    echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
+    [ -f "$out/w1_stages.log" ] && { echo "== w1 (defaults against 5 stages)"; tail -7 "$out/w1_stages.log"; }
+    ;;
+  halves)  # decode steps of 128 sequences or more in two halves on two streams: the GPU test,
+           # W1 against the defaults (recorded), a 200-sequence step with and without; any GPU
+           # (the fallback of `h200 halves`)
+    w1_halves
+    halves_table
     ;;
   w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
            # recorded: on any GPU (the fallback of `h200 w1tile`)
