@@ -77,7 +77,7 @@ class CudaModelRunner(ModelRunner):
         self.draft_graphs: DecodeGraphs | None = None
         self.capture_batch_size = max_capture_batch_size if backend.supports_graphs else 0
         self.max_verify_queries = max_verify_queries if backend.verifies_paged else 0
-        self.halves = DecodeHalves(decode_halves_from, self.num_splits, device)
+        self.halves = DecodeHalves(decode_halves_from, self.num_splits, backend, device)
         self._make_graphs()
 
     def drop_graphs(self) -> None:
@@ -156,9 +156,10 @@ class CudaModelRunner(ModelRunner):
         return model.compute_logits(hidden)
 
     def _decode_hidden(
-        self, model, token_ids, positions, rows, query_lens, num_splits: int
+        self, model, token_ids, positions, rows, query_lens, num_splits: int, backend=None
     ) -> torch.Tensor:
-        """_decode_forward's final hidden states [B * Q, D], before the LM head."""
+        """_decode_forward's final hidden states [B * Q, D], before the LM head; `backend`:
+        the attention backend to attend through, where not the runner's."""
         batch = rows.shape[0]
         queries = token_ids.shape[0] // batch
         block_size = self.block_size
@@ -183,7 +184,8 @@ class CudaModelRunner(ModelRunner):
                 None, block_tables, context_lens, num_splits, queries=(first_rows, lens, queries)
             )
         meta = CudaAttentionMetadata(slot_mapping, part, None)
-        return model(token_ids, positions, AttentionContext(self.backend, meta))
+        context = AttentionContext(backend or self.backend, meta)
+        return model(token_ids, positions, context)
 
     # -- plan state ---------------------------------------------------------------------------
 

@@ -10,34 +10,68 @@ import torch
 
 pytest.importorskip("triton")
 
-from aioworker.compute.step.decode_halves import MIN_BATCH, DecodeHalves  # noqa: E402
+from aioworker.compute.step.decode_halves import (  # noqa: E402
+    MIN_BATCH,
+    DecodeHalves,
+    MarksFirstAttention,
+)
 
 CPU = torch.device("cpu")
 
 
 def test_only_decode_batches_from_the_threshold_and_never_under_the_floor_take_halves() -> None:
-    halves = DecodeHalves(128, lambda batch: 1, CPU)
+    halves = DecodeHalves(128, lambda batch: 1, None, CPU)
     assert halves.takes(128, 1) and halves.takes(256, 1)
     assert not halves.takes(112, 1)
     assert not halves.takes(128, 4)  # verify steps keep one chain
-    assert DecodeHalves(4, lambda batch: 1, CPU).from_batch == MIN_BATCH
-    assert not DecodeHalves(4, lambda batch: 1, CPU).takes(MIN_BATCH - 1, 1)
-    off = DecodeHalves(0, lambda batch: 1, CPU)
+    assert DecodeHalves(4, lambda batch: 1, None, CPU).from_batch == MIN_BATCH
+    assert not DecodeHalves(4, lambda batch: 1, None, CPU).takes(MIN_BATCH - 1, 1)
+    off = DecodeHalves(0, lambda batch: 1, None, CPU)
     assert not off.takes(256, 1) and off.side is None
 
 
 def test_each_half_runs_its_own_rows_with_its_own_split_count() -> None:
     calls = []
 
-    def hidden_of(token_ids, positions, rows, query_lens, num_splits):
-        calls.append((rows.tolist(), num_splits))
+    def hidden_of(token_ids, positions, rows, query_lens, num_splits, backend):
+        calls.append((rows.tolist(), num_splits, type(backend).__name__))
         return token_ids.float().unsqueeze(1) * 2
 
-    halves = DecodeHalves(18, lambda batch: batch + 100, CPU)
+    backend = types.SimpleNamespace()
+    halves = DecodeHalves(18, lambda batch: batch + 100, backend, CPU)
     ids = torch.arange(21)
     hidden = halves.hidden(hidden_of, ids, ids, ids + 50)
-    assert calls == [(list(range(50, 60)), 110), (list(range(60, 71)), 111)]
+    assert calls == [
+        (list(range(50, 60)), 110, "MarksFirstAttention"),  # the side chain starts from it
+        (list(range(60, 71)), 111, "SimpleNamespace"),
+    ]
     assert torch.equal(hidden, ids.float().unsqueeze(1) * 2)
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.records = 0
+
+    def record(self) -> None:
+        self.records += 1
+
+
+def test_the_first_attention_marks_the_event_once_and_everything_else_passes_through() -> None:
+    backend = types.SimpleNamespace(
+        attend=lambda *args: None if args[0] == "skip" else ("attended", args),
+        forward=lambda *args: ("forward", args),
+        prepare_qkv=lambda *args: "prepared",
+        block_size=16,
+    )
+    event = Recorded()
+    marks = MarksFirstAttention(backend, event)
+    assert marks.block_size == 16 and marks.prepare_qkv(1) == "prepared"
+    assert marks.attend("skip") is None and event.records == 0  # no attention yet
+    assert marks.forward(1, 2) == ("forward", (1, 2)) and event.records == 1
+    assert marks.attend(3) == ("attended", (3,)) and event.records == 1  # the first only
+    plain = MarksFirstAttention(types.SimpleNamespace(forward=lambda *a: "f"), Recorded())
+    assert plain.attend(1) is None  # a backend without attend: attend through forward
+    assert plain.forward() == "f" and plain.event is None
 
 
 @pytest.fixture(scope="module")
