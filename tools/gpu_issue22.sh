@@ -145,7 +145,7 @@ halves_table() {
   echo "== GPU tests"; tail -2 "$out/halves_test.log"
   echo "== w1 (defaults against decode_halves_from=${HALVES_FROM:-128})"; tail -7 "$out/w1_halves.log"
   for from in 0 "${HALVES_FROM:-128}"; do
-    echo "== a 200-sequence step, decode_halves_from=$from"; grep -E "ms/step" "$out/halves_profile_$from.log"
+    echo "== a 200-sequence step, decode_halves_from=$from"; grep -E "ms/step|a replay" "$out/halves_profile_$from.log"
   done
 }
 w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs

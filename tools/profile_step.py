@@ -24,6 +24,7 @@ counted; every batch asks for one token, so its steps are all prefill.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import cProfile
 import io
@@ -94,6 +95,10 @@ def main() -> None:
         f"{args.model} batch {args.batch}: {wall * 1e3:.3f} ms/step; schedule {schedule_s / n * 1e3:.3f} ms, executor {execute_s / n * 1e3:.3f} ms, update {update_s / n * 1e3:.3f} ms"
     )
 
+    replay_ms = engine.executor.call(lambda: graph_replay_ms(engine, args.batch)).result()
+    if replay_ms is not None:
+        print(f"the decode graph alone: {replay_ms:.3f} ms a replay (CUDA events, no host work)")
+
     def steps() -> None:
         for _ in range(args.steps):
             plan = engine.scheduler.schedule()
@@ -120,6 +125,24 @@ def main() -> None:
             "the kernels' sum can exceed the wall time. For kernel costs: --set device.pdl=false"
         )
     engine.close()
+
+
+def graph_replay_ms(engine, batch: int, replays: int = 20) -> float | None:
+    """The device time of the decode graph that serves `batch` sequences, replayed alone with
+    its last inputs (it writes the same KV slots again), between two CUDA events on the
+    executor's stream; None where such a batch runs eagerly. Run on the executor thread."""
+    graphs = engine.executor.runner.graphs
+    if graphs is None or batch > graphs.max_batch:
+        return None
+    graph = graphs.graphs[graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
 
 
 def profile_prefill_launches(engine, batch: int, prompt_tokens: int) -> None:
