@@ -447,21 +447,22 @@ case "${1:-}" in
          # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
          # draws since 2026-12-07) against decode steps of 128 or more sequences in two halves
          # on two streams (HALVES_FROM; its GPU test first, a 200-sequence step timed with and
-         # without after), decode attention's builds at W1's steps (two key tiles buffered
-         # among them: the H200 is where a deeper pipeline could pay), then a refine sweep of
-         # wint4 in groups of 128 (8B and 0.6B; the H200's table has no int4g128 keys;
-         # SWEEP_S: its budget; H200_S: the whole call's; commit the table).
+         # without after), a refine sweep of wint4 in groups of 128 (8B and 0.6B; the H200's
+         # table has no int4g128 keys; SWEEP_S: its budget; H200_S: the whole call's; commit
+         # the table), then decode attention's builds at W1's steps (two key tiles buffered
+         # among them: the H200 is where a deeper pipeline could pay) if 80 s are left.
          # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
     w1_halves
-    w1_attention
-    cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
-    sweep_s=$(( ${H200_S:-580} - SECONDS - 50 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
-    if [ "$sweep_s" -ge 60 ]; then  # H200_S: the seconds this call may take (its device time)
-      sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
+    # H200_S: the seconds this call may take (its device time); attention's table keeps 80
+    sweep_s=$(( ${H200_S:-580} - SECONDS - 130 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
+    [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
+    if [ $(( ${H200_S:-580} - SECONDS )) -ge 80 ]; then
+      w1_attention
+      cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
     fi
     halves_table
-    echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"
+    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
     grep -A 14 "GPU time per step" "$out/halves_profile_0.log" | cut -c1-60,100-
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
