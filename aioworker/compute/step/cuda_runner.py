@@ -23,14 +23,12 @@ from aioworker.compute.layers.attention.cuda_backend import (
 )
 from aioworker.compute.layers.attention.triton_decode import choose_num_splits
 from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans
-from aioworker.compute.small_copies import pinned_copy
 from aioworker.compute.step.cuda_graphs import MAX_VERIFY_GRAPH_BATCH, DecodeGraphs
-from aioworker.compute.step.cuda_step import CudaStep
+from aioworker.compute.step.cuda_step import CudaStep, PendingStep
 from aioworker.compute.step.decode_halves import DecodeHalves
-from aioworker.compute.step.drafting import NextDrafts
 from aioworker.compute.step.runner import ModelRunner
 from aioworker.compute.step.stages import Forwarded, PlanError, Sampled, StepHandle
-from aioworker.core.plan import StepPlan, StepResult
+from aioworker.core.plan import StepPlan
 
 
 class CudaModelRunner(ModelRunner):
@@ -420,28 +418,3 @@ class CudaModelRunner(ModelRunner):
             .pin_memory()
             .to(self.device, non_blocking=True)
         )
-
-
-class PendingStep:
-    """A launched step: its sampled tokens (and counts) and any logprobs are being copied to
-    pinned host memory, all behind one event."""
-
-    def __init__(self, step_id: int, sampled: Sampled | None, extra: StepLogprobs) -> None:
-        self.step_id = step_id
-        self.host = None
-        if sampled is not None:
-            counts = None if sampled.counts is None else pinned_copy(sampled.counts)
-            self.host = Sampled(pinned_copy(sampled.tokens), counts, sampled.drafts)
-            drafts = sampled.next_drafts
-            if drafts is not None:
-                self.host.next_drafts = NextDrafts(drafts.which, pinned_copy(drafts.tokens))
-        self.extra = extra.to_host()
-        self.done = torch.cuda.Event()
-        self.done.record()
-
-    def result(self) -> StepResult:
-        """The step's one host synchronisation; called on the executor's completion thread."""
-        self.done.synchronize()
-        if self.host is None:
-            return self.extra.result(self.step_id, [])
-        return self.host.result(self.step_id, self.extra)
