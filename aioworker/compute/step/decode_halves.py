@@ -53,6 +53,8 @@ class DecodeHalves:
         # On the CPU (tests) the halves run one after the other: the same arithmetic.
         on_cuda = self.from_batch and device.type == "cuda"
         self.side = torch.cuda.Stream(device) if on_cuda else None
+        # Made once, outside any capture; each step (or capture) records it again.
+        self.first_attended = torch.cuda.Event() if on_cuda else None
 
     def takes(self, batch: int, queries: int) -> bool:
         """Whether a step of `batch` sequences of `queries` query slots each runs in halves:
@@ -72,13 +74,12 @@ class DecodeHalves:
             splits = self.num_splits(len(rows[part]))
             return hidden_of(token_ids[part], positions[part], rows[part], None, splits, backend)
 
-        first_attended = None if self.side is None else torch.cuda.Event()
-        head = chain(first, MarksFirstAttention(self.backend, first_attended))
+        head = chain(first, MarksFirstAttention(self.backend, self.first_attended))
         if self.side is None:
             return torch.cat([head, chain(second, self.backend)])
         with torch.cuda.stream(self.side):
             # After the step's inputs too: they were copied on the main stream before.
-            self.side.wait_event(first_attended)
+            self.side.wait_event(self.first_attended)
             tail = chain(second, self.backend)
         # The side stream rejoins before anything reads its half: a capture requires it, and
         # the next step's side-stream work then waits behind this step's whole.
