@@ -10,9 +10,10 @@ less than the sum of its parts. The halves end in one hidden-state tensor and on
 the head's weights are read once.
 
 The second chain starts when the first has launched its first layer's attention, not with it.
-Two chains started together stay in step: both attend at once (sharing the memory), then both
-run their tails at once, which is one chain's schedule again. Started half a layer apart, each
-chain's tail falls in the other's attention, and sharing the memory keeps them apart.
+Two chains started together could stay in step: both attending at once (sharing the memory),
+then both running their tails at once, which is one chain's schedule again. Started half a
+layer apart, each chain's tail should fall in the other's attention. That is reasoning, not a
+measurement; whether the halves pay at all is for W1 on a GPU to say (docs/benchmarks.md).
 
 Where it is safe: the two chains share nothing they write. Each half writes its own sequences'
 KV (the padded rows of a graph write only the scratch block, which nothing reads as data). The
