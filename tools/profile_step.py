@@ -36,6 +36,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from aioworker.bench.gpu import MODELS, make_engine, random_prompt
+from aioworker.bench.gpu_spec import replay_ms
 from aioworker.cli.common import parse_settings
 from aioworker.compute.layers import pdl
 from aioworker.core.sampling_params import SamplingParams
@@ -134,15 +135,7 @@ def graph_replay_ms(engine, batch: int, replays: int = 20) -> float | None:
     graphs = engine.executor.runner.graphs
     if graphs is None or batch > graphs.max_batch:
         return None
-    graph = graphs.graphs[graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]]
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / replays
+    return replay_ms(graphs.graphs[graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]], replays)
 
 
 def profile_prefill_launches(engine, batch: int, prompt_tokens: int) -> None:
