@@ -147,17 +147,12 @@ class DeviceOptions(_Section):
     decode_attention_tile: Literal[64, 128] = 64
     # With decode_attention_tile 64: decode steps with at least this many (sequence, KV head)
     # pairs on the rank, each a program of decode attention, take keys in tiles of 128 all the
-    # same. 1,024 is 128 sequences of a model with 8 KV heads: from there the H100 timed tiles
-    # of 128 2-4% faster at spread contexts (up to 2% slower at equal ones), at 512 5% slower;
-    # W1 1.012x against 0 (none). Counted in programs, fewer KV heads a rank (tensor parallel)
-    # need more sequences.
-    decode_attention_tile_128_from_programs: int = 1024
-    # CUDA, one rank, dense models (ignored otherwise): decode graphs of at least this many
-    # sequences (never fewer than 18) run the model's layers as two halves of the batch on two
-    # streams, so that one half's products and norms may run while the other half's attention
-    # reads the KV cache; one LM head for both (compute/step/decode_halves.py). 0: never.
-    # A candidate for W1's large steps, off until a GPU measures it.
-    decode_halves_from: int = 0
+    # same. 320 is 40 sequences of a model with 8 KV heads: timed alone on an H100, tiles of 128
+    # were 1-15% faster at spread contexts from 40 sequences, except 5% slower at 64 (512
+    # programs; docs/benchmarks.md, 2026-12-07 19:23). W1 on an H100: 1,024 measured 1.012x
+    # against none, and 320 1.009x against 1,024 (2026-12-07 21:17). Counted in programs,
+    # fewer KV heads a rank (tensor parallel) need more sequences.
+    decode_attention_tile_128_from_programs: int = 320
     # CUDA: capture decode steps as graphs for batch sizes up to max_capture_batch_size.
     cuda_graphs: bool = True
     max_capture_batch_size: int = 256
@@ -461,11 +456,6 @@ class WorkerConfig(_Section):
                 f"device.decode_attention_tile_128_from_programs is "
                 f"{device.decode_attention_tile_128_from_programs}; give a count of (sequence, KV "
                 "head) pairs (0: none)"
-            )
-        if device.decode_halves_from < 0:
-            raise ConfigError(
-                f"device.decode_halves_from is {device.decode_halves_from}; give the smallest "
-                "decode batch to run in two halves on two streams (0: never)"
             )
         if not 0 <= device.decode_attention_stages <= 8:
             raise ConfigError(

@@ -85,9 +85,6 @@
 #                                 W1 against 5 stages where h200 timed them faster, then W4 of
 #                                 bf16, fp8 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
-#   tools/gpu_issue22.sh halves   decode steps of HALVES_FROM (128) sequences or more in two
-#                                 halves on two streams: its GPU test, W1 against the defaults,
-#                                 a 200-sequence step with and without
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
 #   tools/gpu_issue22.sh unrun    the GPU tests left unrun since their last change: the warm-up's
@@ -132,29 +129,6 @@ w1_against() {  # $1: the log's name, then KEY=VALUE...; W1, the defaults agains
 w1_tile() {  # W1, the defaults against W1_TILE_FROM (default 0: no tiles of 128 keys) as
              # device.decode_attention_tile_128_from_programs
   w1_against w1_tile "device.decode_attention_tile_128_from_programs=${W1_TILE_FROM:-0}"
-}
-# Halves of W1's large steps are ~100 sequences, where keys in tiles of 128 timed 6-8% faster
-# on an H100 (2026-12-07 19:23): the halves are measured with tiles of 128 from 320 programs.
-HALVES_TILE=device.decode_attention_tile_128_from_programs=320
-w1_halves() {  # the halves' GPU test; W1, the defaults against device.decode_halves_from=
-               # HALVES_FROM (128) with HALVES_TILE; a 200-sequence step timed with and without
-               # halves, HALVES_TILE in both
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m gpu \
-    tests/compute/test_gpu.py -k "halves or graphs_equal_eager" > "$out/halves_test.log" 2>&1
-  w1_against w1_halves "device.decode_halves_from=${HALVES_FROM:-128}" "$HALVES_TILE"
-  for from in 0 "${HALVES_FROM:-128}"; do
-    timeout 100 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
-      --set "device.decode_halves_from=$from" --set "$HALVES_TILE" \
-      > "$out/halves_profile_$from.log" 2>&1
-  done
-}
-halves_table() {
-  echo "== GPU tests"; tail -2 "$out/halves_test.log"
-  echo "== w1 (defaults against decode_halves_from=${HALVES_FROM:-128} and $HALVES_TILE)"
-  tail -7 "$out/w1_halves.log"
-  for from in 0 "${HALVES_FROM:-128}"; do
-    echo "== a 200-sequence step, decode_halves_from=$from"; grep -E "ms/step|a replay" "$out/halves_profile_$from.log"
-  done
 }
 w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs
   timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 112 80 64 48 \
@@ -443,57 +417,46 @@ case "${1:-}" in
     echo "== a 200-sequence decode step"; grep -E "ms/step|GPU time per step" "$out/w1_profile.log"
     ;;
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
-         # nothing, so asking for an H200 and getting an H100 costs seconds), W1 and where its
-         # time goes first, each part's limit keeping the whole under 600 s: W1 (nano-vllm's
-         # draws since 2026-12-07) against decode steps of 128 or more sequences in two halves
-         # on two streams (HALVES_FROM; its GPU test first, a 200-sequence step timed with and
-         # without after), a refine sweep of wint4 in groups of 128 (8B and 0.6B; the H200's
-         # table has no int4g128 keys; SWEEP_S: its budget; H200_S: the whole call's; commit
-         # the table), then decode attention's builds at W1's steps (two key tiles buffered
-         # among them: the H200 is where a deeper pipeline could pay) if 80 s are left.
+         # nothing, so asking for an H200 and getting an H100 costs seconds), each part's limit
+         # keeping the whole under H200_S (its device time): W1 on the defaults (the goal's
+         # figure, nano-vllm's draws, three runs, recorded), a refine sweep of wint4 in groups
+         # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
+         # commit the table), W4 wint4 on it (three runs a side, groups of 32 beside,
+         # recorded), then decode attention's builds at W1's steps if 80 s are left.
          # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
-    w1_halves
-    # H200_S: the seconds this call may take (its device time); attention's table keeps 80
-    sweep_s=$(( ${H200_S:-580} - SECONDS - 130 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
+    timeout 120 "${BENCH[@]}" --workload w1 --no-reference --record docs/benchmarks.md \
+      > "$out/w1.log" 2>&1
+    cp docs/benchmarks.md "$out/"
+    sweep_s=$(( ${H200_S:-580} - SECONDS - 250 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
+    limit=$(( ${H200_S:-580} - SECONDS - 90 )); [ "$limit" -gt 160 ] && limit=160
+    [ "$limit" -ge 90 ] && W4_REPEATS=3 w4 wint4 "$limit" g --candidate model.int4_group=32
     if [ $(( ${H200_S:-580} - SECONDS )) -ge 80 ]; then
       w1_attention
       cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
     fi
-    halves_table
-    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
-    grep -A 14 "GPU time per step" "$out/halves_profile_0.log" | cut -c1-60,100-
+    echo "== w1 (defaults)"; tail -6 "$out/w1.log"
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
       grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     fi
+    [ -f "$out/w4_g.log" ] && { echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"; }
+    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
     ;;
-  h200b)  # the second H200 call, after `h200` on the same machine (its table and attention's
-          # timings in /tmp): W4 wint4 on the swept table (three runs a side, groups of 32
-          # beside, recorded); W1 against tiles of 128 keys from 320 programs (W1_TILE_FROM;
-          # recorded); W4 of bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences
-          # (three runs a side, recorded); then, with time left, W1 against two buffered key
-          # tiles where `h200` timed them 2% faster at W1's large steps (recorded)
+  h200b)  # the second H200 call, after `h200` on the same machine (attention's timings in
+          # /tmp): W4 of bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences (three
+          # runs a side, recorded); then, with time left, W1 against two buffered key tiles
+          # where `h200` timed them 2% faster at W1's large steps (recorded)
     h200_only "$@" || exit 0
-    W4_REPEATS=3 w4 wint4 150 g --candidate model.int4_group=32
-    W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
-    limit=$(( 575 - SECONDS )); [ "$limit" -gt 200 ] && limit=200
-    [ "$limit" -gt 60 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
+    limit=$(( 575 - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
+    W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     cp /tmp/attn_w1.log "$out/" 2>/dev/null
-    if [ $(( 575 - SECONDS )) -gt 200 ] && [ -f "$out/attn_w1.log" ] && stages_pay; then
+    if [ $(( 575 - SECONDS )) -gt 90 ] && [ -f "$out/attn_w1.log" ] && stages_pay; then
       w1_against w1_stages device.decode_attention_stages=5
     fi
-    echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"
-    echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
-    [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
+    echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"
     [ -f "$out/w1_stages.log" ] && { echo "== w1 (defaults against 5 stages)"; tail -7 "$out/w1_stages.log"; }
-    ;;
-  halves)  # decode steps of 128 sequences or more in two halves on two streams: the GPU test,
-           # W1 against the defaults (recorded), a 200-sequence step with and without; any GPU
-           # (the fallback of `h200 halves`)
-    w1_halves
-    halves_table
     ;;
   w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
            # recorded: on any GPU (the fallback of `h200 w1tile`)

@@ -240,18 +240,6 @@ def _pdl_pays(config: WorkerConfig, device: torch.device, format_name: str) -> b
     return True
 
 
-def _decode_halves_from(config: WorkerConfig, model, tp) -> int:
-    """device.decode_halves_from where its two streams are safe: one rank (two streams would
-    issue its collectives out of order across ranks) and no MoE layers (their load counters)."""
-    wanted = config.device.decode_halves_from
-    if not wanted:
-        return 0
-    if tp.size > 1 or expert_load_meter(model) is not None:
-        log.info("device.decode_halves_from: off (it runs on one rank of a dense model only)")
-        return 0
-    return wanted
-
-
 def _hopper_or_later(device: torch.device) -> bool:
     """Programmatic dependent launch (layers/pdl.py) needs compute capability 9.0."""
     return torch.cuda.get_device_capability(device) >= (9, 0)
@@ -325,7 +313,6 @@ def _build_cuda_runner(model, draft, build: _Build) -> tuple[ModelRunner, RankWe
             if config.speculative.method
             else 0,
             draft=draft,
-            decode_halves_from=_decode_halves_from(config, model, build.tp),
         )
 
     num_blocks = config.cache.num_blocks

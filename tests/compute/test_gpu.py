@@ -144,27 +144,6 @@ def test_cuda_graphs_equal_eager(tmp_path) -> None:
     assert outputs[True] == outputs[False]
 
 
-def test_decode_halves_on_two_streams_keep_the_tokens_through_graphs(tmp_path) -> None:
-    """device.decode_halves_from: a 24-sequence batch (padded to the 32 graph) decodes as two
-    halves on two streams inside the graph; the same greedy tokens as one chain, float32."""
-    build_tiny_model("qwen3", tmp_path)
-    batch = prompts(384) * 6
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = []
-    for halves_from in (0, 18):
-        eng = engine(
-            tmp_path, **{"model.dtype": "float32", "device.decode_halves_from": halves_from}
-        )
-        try:
-            runner = eng.executor.runner
-            assert runner.halves.takes(32, 1) == bool(halves_from)
-            assert (runner.halves.side is not None) == bool(halves_from)
-            outputs.append([c.token_ids for c in eng.generate(batch, params)])
-        finally:
-            eng.close()
-    assert outputs[1] == outputs[0]
-
-
 @pytest.mark.parametrize(
     "setting",
     [

@@ -9,8 +9,6 @@ read and write only them.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 
@@ -25,7 +23,6 @@ from aioworker.compute.layers.attention.triton_decode import choose_num_splits
 from aioworker.compute.sampling.logprobs import StepLogprobs, prompt_spans
 from aioworker.compute.step.cuda_graphs import MAX_VERIFY_GRAPH_BATCH, DecodeGraphs
 from aioworker.compute.step.cuda_step import CudaStep, PendingStep
-from aioworker.compute.step.decode_halves import DecodeHalves
 from aioworker.compute.step.runner import ModelRunner
 from aioworker.compute.step.stages import Forwarded, PlanError, Sampled, StepHandle
 from aioworker.core.plan import StepPlan
@@ -47,12 +44,10 @@ class CudaModelRunner(ModelRunner):
         max_capture_batch_size: int,
         max_verify_queries: int = 0,
         draft=None,
-        decode_halves_from: int = 0,
     ) -> None:
         """`max_verify_queries`: speculative decoding's drafts + 1 per sequence (0: none), the
         query slots of the verify graphs. `draft`: the draft model, whose decode steps get
-        graphs of their own. `decode_halves_from`: decode graphs of at least that many
-        sequences run the model's layers in two halves on two streams (0: never)."""
+        graphs of their own."""
         super().__init__(model, backend, sampler, device, tp, draft)
         self.scratch_block = num_blocks
         self.block_size = block_size
@@ -75,7 +70,6 @@ class CudaModelRunner(ModelRunner):
         self.draft_graphs: DecodeGraphs | None = None
         self.capture_batch_size = max_capture_batch_size if backend.supports_graphs else 0
         self.max_verify_queries = max_verify_queries if backend.verifies_paged else 0
-        self.halves = DecodeHalves(decode_halves_from, self.num_splits, backend, device)
         self._make_graphs()
 
     def drop_graphs(self) -> None:
@@ -119,10 +113,6 @@ class CudaModelRunner(ModelRunner):
     ) -> torch.Tensor:
         # Captured (and warmed) with programmatic dependent launch only up to its batch limit.
         with pdl.for_graph_batch(len(rows)):
-            if self.halves.takes(len(rows), len(token_ids) // len(rows)):
-                hidden_of = functools.partial(self._decode_hidden, self.model)
-                hidden = self.halves.hidden(hidden_of, token_ids, positions, rows)
-                return self.model.compute_logits(hidden)
             return self._decode_forward(
                 self.model, token_ids, positions, rows, query_lens, num_splits
             )
@@ -150,14 +140,6 @@ class CudaModelRunner(ModelRunner):
         """Logits [B * Q, V] for B sequences of Q query slots (Q = 1: a decode step; else a
         verify step, a sequence's slots past its query count writing only the scratch block),
         every op graph-safe: what the graphs capture."""
-        hidden = self._decode_hidden(model, token_ids, positions, rows, query_lens, num_splits)
-        return model.compute_logits(hidden)
-
-    def _decode_hidden(
-        self, model, token_ids, positions, rows, query_lens, num_splits: int, backend=None
-    ) -> torch.Tensor:
-        """_decode_forward's final hidden states [B * Q, D], before the LM head; `backend`:
-        the attention backend to attend through, where not the runner's."""
         batch = rows.shape[0]
         queries = token_ids.shape[0] // batch
         block_size = self.block_size
@@ -182,8 +164,8 @@ class CudaModelRunner(ModelRunner):
                 None, block_tables, context_lens, num_splits, queries=(first_rows, lens, queries)
             )
         meta = CudaAttentionMetadata(slot_mapping, part, None)
-        context = AttentionContext(backend or self.backend, meta)
-        return model(token_ids, positions, context)
+        hidden = model(token_ids, positions, AttentionContext(self.backend, meta))
+        return model.compute_logits(hidden)
 
     # -- plan state ---------------------------------------------------------------------------
 

@@ -24,8 +24,8 @@ def test_the_decode_attention_settings_build_the_decode_programs() -> None:
 @pytest.mark.parametrize(
     ("settings", "tiles"),
     [
-        # the default: 128 keys from 1,024 programs, 128 sequences over 8 KV heads, 256 over 4
-        ({}, {(1, 8): 64, (127, 8): 64, (128, 8): 128, (256, 8): 128, (128, 4): 64, (256, 4): 128}),
+        # the default: 128 keys from 320 programs, 40 sequences over 8 KV heads, 80 over 4
+        ({}, {(1, 8): 64, (39, 8): 64, (40, 8): 128, (256, 8): 128, (79, 4): 64, (80, 4): 128}),
         ({"decode_attention_tile_128_from_programs": 0}, {(1, 8): 64, (256, 8): 64}),
         ({"decode_attention_tile_128_from_programs": 8}, {(7, 1): 64, (8, 1): 128, (1, 8): 128}),
         (
