@@ -76,14 +76,13 @@
 #                                 graphs with PDL), then W4 of bf16, fp8 and wint4 with
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
-#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 against
-#                                 tiles of 128 keys from 320 programs, attention's builds at
-#                                 W1's steps, a 200-sequence step profiled, a refine sweep of
-#                                 wint4 in groups of 128 (commit the table; H200_S: the call's
-#                                 seconds)
-#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 wint4 against groups of 32,
-#                                 W1 against 5 stages where h200 timed them faster, then W4 of
-#                                 bf16, fp8 and wint8 against pdl_max_batch=8
+#   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 on
+#                                 the defaults, a refine sweep of wint4 in groups of 128 (commit
+#                                 the table), W4 wint4 against groups of 32, attention's builds
+#                                 at W1's steps (H200_S: the call's seconds)
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8
+#                                 against pdl_max_batch=8, then W1 against 5 stages where h200
+#                                 timed them faster
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
@@ -425,9 +424,7 @@ case "${1:-}" in
          # recorded), then decode attention's builds at W1's steps if 80 s are left.
          # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
-    timeout 120 "${BENCH[@]}" --workload w1 --no-reference --record docs/benchmarks.md \
-      > "$out/w1.log" 2>&1
-    cp docs/benchmarks.md "$out/"
+    w1_against w1  # no settings: the defaults alone
     sweep_s=$(( ${H200_S:-580} - SECONDS - 250 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
     limit=$(( ${H200_S:-580} - SECONDS - 90 )); [ "$limit" -gt 160 ] && limit=160

@@ -24,7 +24,6 @@ counted; every batch asks for one token, so its steps are all prefill.
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import cProfile
 import io
@@ -96,9 +95,9 @@ def main() -> None:
         f"{args.model} batch {args.batch}: {wall * 1e3:.3f} ms/step; schedule {schedule_s / n * 1e3:.3f} ms, executor {execute_s / n * 1e3:.3f} ms, update {update_s / n * 1e3:.3f} ms"
     )
 
-    replay_ms = engine.executor.call(lambda: graph_replay_ms(engine, args.batch)).result()
-    if replay_ms is not None:
-        print(f"the decode graph alone: {replay_ms:.3f} ms a replay (CUDA events, no host work)")
+    graph_ms = engine.executor.call(lambda: graph_replay_ms(engine, args.batch)).result()
+    if graph_ms is not None:
+        print(f"the decode graph alone: {graph_ms:.3f} ms a replay (CUDA events, no host work)")
 
     def steps() -> None:
         for _ in range(args.steps):
@@ -135,7 +134,7 @@ def graph_replay_ms(engine, batch: int, replays: int = 20) -> float | None:
     graphs = engine.executor.runner.graphs
     if graphs is None or batch > graphs.max_batch:
         return None
-    return replay_ms(graphs.graphs[graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]], replays)
+    return replay_ms(graphs.graphs[graphs.size_for(batch)], replays)
 
 
 def profile_prefill_launches(engine, batch: int, prompt_tokens: int) -> None:

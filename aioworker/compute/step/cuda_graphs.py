@@ -96,13 +96,18 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[size] = graph
 
+    def size_for(self, num_seqs: int) -> int:
+        """The captured batch size whose graph serves `num_seqs` sequences (at most max_batch):
+        the smallest that holds them."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
     def run_on_device(
         self, token_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
     ) -> torch.Tensor:
         """`run` for one query per sequence with inputs already on the device (a draft step's
         tokens are the previous draft step's output): device copies, no host staging."""
         n = len(rows)
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        size = self.size_for(n)
         self.num_device_runs += 1
         self.token_ids[:n].copy_(token_ids)
         self.positions[:n].copy_(positions)
@@ -123,7 +128,7 @@ class DecodeGraphs:
         """Logits [n * Q, V] for n sequences of Q token slots each (token_ids and positions
         [n * Q]; query_lens [n], None for one query each); n must not exceed max_batch."""
         n = len(rows)
-        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        size = self.size_for(n)
         used, slots = n * self.queries, size * self.queries
         staging = self.staging[self.num_runs % len(self.staging)]
         self.num_runs += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import types
 
 import numpy as np
 import pytest
@@ -24,6 +25,11 @@ def test_the_graphs_are_handed_their_forward_and_never_reach_into_a_runner() -> 
 def test_capture_sizes_cover_every_batch_up_to_the_largest() -> None:
     assert capture_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert capture_sizes(3) == [1, 2, 3]
+
+
+def test_a_batch_is_served_by_the_smallest_captured_size_that_holds_it() -> None:
+    graphs = types.SimpleNamespace(sizes=capture_sizes(40))
+    assert [DecodeGraphs.size_for(graphs, n) for n in (1, 3, 8, 9, 33, 40)] == [1, 4, 8, 16, 40, 40]
 
 
 @pytest.mark.gpu

@@ -85,7 +85,7 @@ class CudaAttentionBackend:
 
     def decode_build_for(self, num_seqs: int, num_kv_heads: int) -> DecodeBuild:
         """The build a decode step of `num_seqs` sequences over `num_kv_heads` KV heads (the
-        rank's) launches: tiles of 128 keys read faster from about 320 programs, but at 512
+        rank's) launches: tiles of 128 keys read faster from about 320 programs, except at 512
         (docs/benchmarks.md, 2026-12-07)."""
         programs = num_seqs * num_kv_heads
         if self.tile_128_from_programs and programs >= self.tile_128_from_programs:
