@@ -80,6 +80,11 @@
 #                                 the defaults, a refine sweep of wint4 in groups of 128 (commit
 #                                 the table), W4 wint4 against groups of 32, attention's builds
 #                                 at W1's steps (H200_S: the call's seconds)
+#   tools/gpu_issue22.sh rest     every GPU test outside tests/compute/layers (graphs, warm-up,
+#                                 engines; REST_S: its time limit)
+#   tools/gpu_issue22.sh profile8 batch 8's step on the 0.6B, the 8B in fp8 and bf16: kernels and
+#                                 their GPU time, PDL off
+#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: rest, then profile8
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8
 #                                 against pdl_max_batch=8, then W1 against 5 stages where h200
 #                                 timed them faster
@@ -465,6 +470,32 @@ case "${1:-}" in
     timeout 250 python3 tools/w1_draws.py --record docs/benchmarks.md > "$out/w1_draws.log" 2>&1
     cp docs/benchmarks.md "$out/"
     echo "== w1, the two draws"; tail -6 "$out/w1_draws.log"
+    ;;
+  rest)  # every GPU test outside tests/compute/layers (CUDA graphs, the warm-up, the engines;
+        # REST_S: its time limit): the fallback of `h200 rest` after a change to the step runner
+    timeout "${REST_S:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+      --continue-on-collection-errors tests/compute/sampling tests/compute/step \
+      tests/compute/test_gpu.py tests/compute/test_gpu_guided.py \
+      tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
+      tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
+    [ $? = 124 ] && echo "TIMED OUT after ${REST_S:-400} s: the tests above ran, the rest did not" >> "$out/gpu_rest.log"
+    echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  |TIMED OUT" "$out/gpu_rest.log" | tail -12
+    ;;
+  profile8)  # where batch 8's step goes (its ratio to batch 1 misses the goal on fp8 and the
+            # 0.6B): kernels per step and their GPU time, 8 sequences of 1,024-token prompts
+            # (W5's), PDL off (with it on, a kernel's time includes its wait)
+    for run in "qwen3-0.6b none" "llama-3.1-8b fp8" "llama-3.1-8b none"; do
+      set -- $run
+      timeout 90 python3 tools/profile_step.py --model "$1" --quantization "$2" --batch 8 \
+        --prompt-tokens 1024 --small-batch-kernels --set device.pdl=false \
+        > "$out/profile8_$1_$2.log" 2>&1
+    done
+    for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
+    ;;
+  h100)  # what an H100 is for when an H200 was asked for: `rest` (REST_S, default 300), then
+         # `profile8`
+    REST_S="${REST_S:-300}" bash "$0" rest
+    bash "$0" profile8
     ;;
   unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
