@@ -423,12 +423,15 @@ case "${1:-}" in
   h200)  # the first call that only an H200 spends (on another GPU: mode $2 if given, else
          # nothing, so asking for an H200 and getting an H100 costs seconds), each part's limit
          # keeping the whole under H200_S (its device time): W1 on the defaults (the goal's
-         # figure, nano-vllm's draws, three runs, recorded), a refine sweep of wint4 in groups
+         # figure, nano-vllm's draws, three runs, recorded; decode attention's tests before
+         # it), a refine sweep of wint4 in groups
          # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
          # commit the table), W4 wint4 on it (three runs a side, groups of 32 beside,
          # recorded), then decode attention's builds at W1's steps if 80 s are left.
          # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/test_triton_decode.py > "$out/decode_tests.log" 2>&1
     w1_against w1  # no settings: the defaults alone
     sweep_s=$(( ${H200_S:-580} - SECONDS - 250 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
@@ -438,6 +441,7 @@ case "${1:-}" in
       w1_attention
       cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
     fi
+    echo "== decode attention's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/decode_tests.log" | tail -4
     echo "== w1 (defaults)"; tail -6 "$out/w1.log"
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"

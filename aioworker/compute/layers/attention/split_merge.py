@@ -19,7 +19,8 @@ def merge_splits(
 ):  # fmt: skip
     """One program a (query row, head): its splits' partial results [splits, D] weighted by their
     log-sum-exps. A split that saw no key of the row has -inf, weight 0, and a partial of 0/0,
-    which is not loaded."""
+    which is loaded but not used: a load masked by the weights would wait for the log-sum-exps'
+    load before it could start, a second round trip to L2 on a kernel that is all latency."""
     wait_for_previous_kernel(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -27,11 +28,12 @@ def merge_splits(
     in_range = offs_s < num_splits
     lse = tl.load(lse_ptr + row * stride_l_seq + head * stride_l_head + offs_s, mask=in_range,
                   other=float("-inf"))  # fmt: skip
-    weights = tl.exp(lse - tl.max(lse, axis=0))
-    weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
     p_ptrs = (partial_ptr + row * stride_p_seq + head * stride_p_head
               + offs_s[:, None] * stride_p_split + offs_d[None, :])  # fmt: skip
-    partial = tl.load(p_ptrs, mask=(weights > 0)[:, None], other=0.0)
+    partial = tl.load(p_ptrs, mask=in_range[:, None])
+    weights = tl.exp(lse - tl.max(lse, axis=0))
+    weights = tl.where(in_range & (lse > float("-inf")), weights, 0.0)
+    partial = tl.where((weights > 0)[:, None], partial, 0.0)
     out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
     out_row = out_ptr + row * stride_o_seq + head * stride_o_head
     tl.store(out_row + offs_d, out.to(out_ptr.dtype.element_ty))
