@@ -118,6 +118,13 @@ class DeviceOptions(_Section):
     # fp8 and on Qwen3-0.6B in bf16 (H100 and H200), 1.00-1.03x elsewhere, never slower. It
     # follows small_batch_kernels: with those off it does nothing.
     norms_in_product_finish: bool = True
+    # CUDA, with small_batch_kernels: the products' finishing steps issue every load before
+    # they use any (gemv/finish.py): the split-K reduce loads the model's per-channel
+    # constants before it waits on the product (PDL), then all splits' sums and the residual
+    # at once; a product that finishes itself fetches its constants into L2 while it waits.
+    # Built 2026-12-07 against latency the profiles show (a reduce is 2.1-2.3 us, two a
+    # layer); off until a GPU measures it.
+    early_epilogue_loads: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and

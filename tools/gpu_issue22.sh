@@ -84,10 +84,11 @@
 #                                 engines; REST_S: its time limit)
 #   tools/gpu_issue22.sh profile8 batch 8's step on the 0.6B, the 8B in fp8 and bf16: kernels and
 #                                 their GPU time, PDL off
-#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: rest, then profile8
-#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: W4 of bf16, fp8 and wint8
-#                                 against pdl_max_batch=8, then W1 against 5 stages where h200
-#                                 timed them faster
+#   tools/gpu_issue22.sh early    W4 of bf16, fp8 and wint4: the defaults against
+#                                 device.early_epilogue_loads (W4_S: the limit)
+#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: rest, then early
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: early, then W4 of bf16, fp8
+#                                 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
@@ -150,19 +151,6 @@ sweep_g128() {  # $1: seconds; a refine sweep of wint4 in groups of 128 with PDL
     --budget-s "$budget" --write-table --refine --pdl --formats wint4 --int4-group 128 "$@" \
     > "$out/gemv_tune.log" 2>&1
   keep_table
-}
-stages_pay() {  # true where attn_w1.log timed two buffered key tiles (5 stages) at least 2%
-               # faster than Triton's default at W1's 202 sequences in tiles of 128
-  python3 - "$out/attn_w1.log" <<'PY'
-import sys
-ms = {}
-for line in open(sys.argv[1]):
-    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-    if len(cells) == 7 and cells[2] == "202" and "tile 128" in cells[4]:
-        ms["5" if "stages 5" in cells[4] else "-"] = float(cells[5])
-print(f"202 sequences, tiles of 128, ms: {ms}")
-sys.exit(0 if {"5", "-"} <= ms.keys() and ms["5"] <= 0.98 * ms["-"] else 1)
-PY
 }
 tune() {  # $1: the sweep's budget in seconds; further arguments go to the sweep (--refine)
   local budget="$1"; shift
@@ -437,10 +425,7 @@ case "${1:-}" in
     [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
     limit=$(( ${H200_S:-580} - SECONDS - 90 )); [ "$limit" -gt 160 ] && limit=160
     [ "$limit" -ge 90 ] && W4_REPEATS=3 w4 wint4 "$limit" g --candidate model.int4_group=32
-    if [ $(( ${H200_S:-580} - SECONDS )) -ge 80 ]; then
-      w1_attention
-      cp "$out/attn_w1.log" /tmp/ 2>/dev/null  # for h200b's choice
-    fi
+    [ $(( ${H200_S:-580} - SECONDS )) -ge 80 ] && w1_attention
     echo "== decode attention's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/decode_tests.log" | tail -4
     echo "== w1 (defaults)"; tail -6 "$out/w1.log"
     if [ -f "$out/gemv_tune.log" ]; then
@@ -450,21 +435,21 @@ case "${1:-}" in
     [ -f "$out/w4_g.log" ] && { echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"; }
     [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
     ;;
-  h200b)  # the second H200 call, after `h200` on the same machine (attention's timings in
-          # /tmp): W4 of bf16, fp8 and wint8 against PDL in graphs of up to 8 sequences (three
-          # runs a side, recorded); then, with time left, W1 against two buffered key tiles
-          # where `h200` timed them 2% faster at W1's large steps (recorded)
+  h200b)  # the second H200 call, after `h200` on the same machine: W4 of every goal row (bf16,
+          # fp8, wint4) against device.early_epilogue_loads, then W4 of bf16, fp8 and wint8
+          # against PDL in graphs of up to 8 sequences in the time left (three runs a side,
+          # each recorded)
     h200_only "$@" || exit 0
+    W4_S="${W4_S:-300}" bash "$0" early
     limit=$(( 575 - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
-    W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
-    cp /tmp/attn_w1.log "$out/" 2>/dev/null
-    if [ $(( 575 - SECONDS )) -gt 90 ] && [ -f "$out/attn_w1.log" ] && stages_pay; then
-      w1_against w1_stages device.decode_attention_stages=5
-    fi
-    echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"
-    [ -f "$out/w1_stages.log" ] && { echo "== w1 (defaults against 5 stages)"; tail -7 "$out/w1_stages.log"; }
+    [ "$limit" -ge 150 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
+    [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
     ;;
-  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
+  early)  # W4 of the goals' rows (bf16, fp8, wint4 g128): the defaults against
+          # device.early_epilogue_loads, three runs a side (W4_S: the limit), recorded
+    W4_REPEATS=3 w4 none,fp8,wint4 "${W4_S:-300}" early --candidate device.early_epilogue_loads=true
+    echo "== w4 (defaults against early_epilogue_loads)"; tail -10 "$out/w4_early.log"
+    ;;  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
            # recorded: on any GPU (the fallback of `h200 w1tile`)
     W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
     echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
@@ -496,10 +481,10 @@ case "${1:-}" in
     done
     for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  h100)  # what an H100 is for when an H200 was asked for: `rest` (REST_S, default 300), then
-         # `profile8`
-    REST_S="${REST_S:-300}" bash "$0" rest
-    bash "$0" profile8
+  h100)  # what an H100 is for when an H200 was asked for: `rest` (REST_S, default 240), then
+         # `early` (W4_S, default 290)
+    REST_S="${REST_S:-240}" bash "$0" rest
+    W4_S="${W4_S:-290}" bash "$0" early
     ;;
   unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
@@ -567,6 +552,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host|rest|profile8|h100|early" >&2; exit 2 ;;
 esac
 exit 0

@@ -60,10 +60,11 @@ def linear_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device)
     if device.type not in kernel_devices() or not config.device.small_batch_kernels:
         return methods
     switches = config.device
+    early = switches.early_epilogue_loads
     projections = small_rows(
-        methods.projections, switches.fused_norm_products, switches.norms_in_product_finish
+        methods.projections, switches.fused_norm_products, switches.norms_in_product_finish, early
     )
-    return LinearMethods(projections, small_rows(methods.lm_head))
+    return LinearMethods(projections, small_rows(methods.lm_head, early_loads=early))
 
 
 def _format_methods(cfg: ModelConfig, config: WorkerConfig, device: torch.device) -> LinearMethods:

@@ -78,7 +78,7 @@ def _small_rows_kernel(
     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
     LINE_UNITS: tl.constexpr, FMA_STAGES: tl.constexpr, AHEAD: tl.constexpr,
     X_ROWS: tl.constexpr = 0, PRENORMED: tl.constexpr = False, NORM_OUT: tl.constexpr = False,
-    SQUARES_P2: tl.constexpr = 1,
+    SQUARES_P2: tl.constexpr = 1, EARLY: tl.constexpr = False,
 ):  # fmt: skip
     """num_channels: output channels (for GATED, of the gate: W has twice as many rows); out_ptr:
     the output [rows, channels]. SPLIT: each program writes its float32 partial sums to
@@ -104,7 +104,10 @@ def _small_rows_kernel(
     scales and offsets into registers before it multiplies its own, which were read during the
     step before (int4_blocks_loop.py: the last step is peeled off the loop, so none reads past
     its slice). X_ROWS (int4's raw tiles, x not normed): each step's sums of x taken over x's
-    first X_ROWS rows (1, or MAX_ROWS) loaded again, not the 16 the tensor cores are given."""
+    first X_ROWS rows (1, or MAX_ROWS) loaded again, not the 16 the tensor cores are given.
+    EARLY (finish.py): the epilogue's operands loaded before its first store, and where this
+    kernel finishes the product (no split, or FOLD) and PREFETCH_LINES, its per-channel
+    constants fetched into L2 while it waits."""
     tile, split = tl.program_id(0), tl.program_id(1)
     channels = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     in_range = channels < num_channels
@@ -115,6 +118,9 @@ def _small_rows_kernel(
             _prefetch_rows(w_ptr, channels + num_channels, in_range,
                            split * k_per_split // INT4_PER_UNIT, stride_w, PREFETCH_LINES,
                            LINE_UNITS)  # fmt: skip
+        if EARLY and (FOLD or not SPLIT):
+            _prefetch_constants(scale_ptr, bias_ptr, norm_weight_ptr, tile * BLOCK_N,
+                                num_channels, SCALED, HAS_BIAS, GATED, NORM_OUT, BLOCK_N)  # fmt: skip
     wait_for_previous_kernel(PDL)
     rows = tl.arange(0, BLOCK_M)
     compute_dtype = x_ptr.dtype.element_ty
@@ -164,13 +170,13 @@ def _small_rows_kernel(
                 partial_ptr, counter_ptr, squares_ptr, scale_ptr, bias_ptr, out_ptr, tile, at,
                 channels, rows, num_rows, num_channels, depth, stride_split, stride_out, eps,
                 out_mask, residual_ptr, norm_weight_ptr, residual_out_ptr, NORMED, SCALED,
-                HAS_BIAS, GATED, NORM_OUT,
+                HAS_BIAS, GATED, NORM_OUT, EARLY,
             )  # fmt: skip
     else:
         store_output(gate, up, squares_sum, scale_ptr, bias_ptr, out_ptr, channels, rows,
                      num_rows, num_channels, depth, stride_out, eps, out_mask, residual_ptr,
                      norm_weight_ptr, residual_out_ptr, squares_ptr, tile, NORMED or PRENORMED,
-                     SCALED, HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
+                     SCALED, HAS_BIAS, GATED, NORM_OUT, EARLY)  # fmt: skip
 
 
 @triton.jit
@@ -205,6 +211,31 @@ def _stored_loop(
                 BLOCK_K,
             )  # fmt: skip
     return gate_acc, up_acc, squares_sum
+
+
+@triton.jit
+def _prefetch_constants(scale_ptr, bias_ptr, norm_weight_ptr, first, num_channels,
+                        SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                        NORM_OUT: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The lines of the epilogue's per-channel constants (finish.epilogue_constants) for the
+    channels from `first` into L2: after a step has streamed its weights through L2 they come
+    from memory otherwise, on the product's last steps."""
+    if SCALED:
+        _prefetch_vector(scale_ptr, first, num_channels, BLOCK_N)
+        if GATED:
+            _prefetch_vector(scale_ptr + num_channels, first, num_channels, BLOCK_N)
+    if HAS_BIAS:
+        _prefetch_vector(bias_ptr, first, num_channels, BLOCK_N)
+    if NORM_OUT:
+        _prefetch_vector(norm_weight_ptr, first, num_channels, BLOCK_N)
+
+
+@triton.jit
+def _prefetch_vector(pointer, first, length, BLOCK_N: tl.constexpr):
+    """Lines of pointer[first : first + BLOCK_N] (every 32nd element: a line of float32, half a
+    line of bf16), indices past `length` clamped to its last element."""
+    at = first + tl.arange(0, (BLOCK_N + 31) // 32) * 32
+    prefetch_to_l2(pointer + tl.minimum(at, length - 1))
 
 
 @triton.jit

@@ -101,11 +101,16 @@ def kernel_devices() -> tuple[str, ...]:
 
 class SmallRows:
     def __init__(
-        self, inner: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
+        self,
+        inner: LinearMethod,
+        fuse_norm: bool = False,
+        norm_finish: bool = False,
+        early_loads: bool = False,
     ) -> None:
         self.inner = inner
         self.fuse_norm = fuse_norm
         self.norm_finish = norm_finish
+        self.early_loads = early_loads
         self.name = inner.name
         # What the loader asks of a format: checkpoint tensors it leaves unread.
         self.ignored_suffixes = getattr(inner, "ignored_suffixes", ())
@@ -178,7 +183,7 @@ class SmallRows:
             try:
                 y = small_rows_product(rows.contiguous(), weight, cut, operands.scale,
                                        gated, bias, operands.int4_groups, add_norm, norm_out,
-                                       prenormed)  # fmt: skip
+                                       prenormed, early_loads=self.early_loads)  # fmt: skip
             except OutOfResources:
                 continue
             self.fitted[key] = cut
@@ -238,13 +243,16 @@ class SmallRows:
 
 
 def small_rows(
-    method: LinearMethod, fuse_norm: bool = False, norm_finish: bool = False
+    method: LinearMethod,
+    fuse_norm: bool = False,
+    norm_finish: bool = False,
+    early_loads: bool = False,
 ) -> LinearMethod:
     """`method` wrapped where its format has small-rows kernels, else `method` itself.
     `fuse_norm`: its products may take the residual add and RMSNorm before them
     (`apply_normed`); `norm_finish`: split it between the products around it
-    (`apply_then_norm`, `apply_prenormed`)."""
+    (`apply_then_norm`, `apply_prenormed`); `early_loads`: device.early_epilogue_loads."""
     inner = method.format if isinstance(method, QuantizedCopy) else method
     if type(inner) not in OPERANDS:
         return method
-    return SmallRows(method, fuse_norm, norm_finish)
+    return SmallRows(method, fuse_norm, norm_finish, early_loads)

@@ -42,6 +42,7 @@ def small_rows_product(
     add_norm: AddNorm | None = None,
     norm_out: NormOut | None = None,
     prenormed: PreNormed | None = None,
+    early_loads: bool = False,
 ) -> torch.Tensor | PreNormed:
     """x: [M, K], M <= MAX_ROWS, rows contiguous; weight: [N, K] (bf16, fp16, float32 or e4m3,
     rows contiguous); scale: [N] or None; bias: [N] or None (not with `gated`); int4_groups:
@@ -51,7 +52,8 @@ def small_rows_product(
     (weight = [gate; up], N = 2I) silu(x gate^T) * (x up^T): [M, I]. add_norm: x is the row
     before a residual add and RMSNorm, done in the kernel. norm_out (a plain product): its
     output goes on into half of the residual add and RMSNorm after it, returned as PreNormed.
-    prenormed: x is prenormed.x, the product's sums scaled by 1 / rms of its rows (PreNormed)."""
+    prenormed: x is prenormed.x, the product's sums scaled by 1 / rms of its rows (PreNormed).
+    early_loads: the finishing steps' loads issued before their first use (finish.py)."""
     _check_operands(x, weight, tiles, gated, bias, int4_groups, add_norm)
     _check_norms(x, weight, gated, add_norm, norm_out, prenormed)
     num_rows, depth = x.shape
@@ -115,7 +117,7 @@ def small_rows_product(
         FMA_STAGES=tiles.num_stages if tiles.pipelined and not tiles.dot else None,
         AHEAD=tiles.ahead, X_ROWS=_x_rows(tiles, num_rows, normed),
         PRENORMED=prenormed is not None, NORM_OUT=norm_out is not None,
-        SQUARES_P2=squares_p2, **options,
+        SQUARES_P2=squares_p2, EARLY=early_loads, **options,
     )  # fmt: skip
     if reduced_by_kernel:
         reduce_kernel[(num_rows, slots)](
@@ -124,7 +126,8 @@ def small_rows_product(
             residual, norm_weight, residual_out, SCALED=scale is not None,
             HAS_BIAS=bias is not None, GATED=gated, NORMED=normed or prenormed is not None,
             NORM_OUT=norm_out is not None, BLOCK=REDUCE_BLOCK, PDL=bool(options),
-            SQUARES_P2=squares_p2, **options,
+            SQUARES_P2=squares_p2, EARLY=early_loads,
+            SPLITS_P2=triton.next_power_of_2(splits) if early_loads else 1, **options,
         )  # fmt: skip
     if norm_out is not None:
         return PreNormed(out, norm_out.residual_out, squares, norm_out.weight, norm_out.eps)

@@ -84,7 +84,7 @@ def product_variant(
         "BLOCK_M": block_m, "BLOCK_N": 32, "BLOCK_K": block_k, "PDL": split,
         "PREFETCH_LINES": 2 if split else 0, "LINE_UNITS": 128 // UNIT_BYTES[fmt],
         "FMA_STAGES": None, "AHEAD": False, "X_ROWS": 0, "PRENORMED": False, "NORM_OUT": False,
-        "SQUARES_P2": 16,
+        "SQUARES_P2": 16, "EARLY": False,
     }  # fmt: skip
     pointers = {"x_ptr": x, "w_ptr": WEIGHTS[fmt], "partial_ptr": "*fp32",
                 "counter_ptr": "*i32", "squares_ptr": "*fp32", "eps": "fp32"}  # fmt: skip
@@ -106,9 +106,10 @@ ALIGNED_SIZES = ("num_channels", "depth", "k_per_split", "stride_x", "stride_w",
                  "stride_out")  # fmt: skip
 
 
-def reduce_variant(gated: bool, norm_out: bool = False):
+def reduce_variant(gated: bool, norm_out: bool = False, early: bool = False):
     constants = {"SCALED": True, "HAS_BIAS": not gated, "GATED": gated, "NORMED": gated,
-                 "NORM_OUT": norm_out, "BLOCK": 256, "PDL": gated, "SQUARES_P2": 4}  # fmt: skip
+                 "NORM_OUT": norm_out, "BLOCK": 256, "PDL": gated or early, "SQUARES_P2": 4,
+                 "EARLY": early, "SPLITS_P2": 8 if early else 1}  # fmt: skip
     signature = {"partial_ptr": "*fp32", "scale_ptr": "*bf16", "bias_ptr": "*bf16",
                  "out_ptr": "*bf16", "squares_ptr": "*fp32", "num_splits": "i32",
                  "num_squares": "i32", "num_rows": "i32", "num_channels": "i32", "depth": "i32",
@@ -168,6 +169,24 @@ def main() -> None:
             variant = product_variant("bf16", False, dot, split, True, "", **{side: True})
             triton.compile(variant, HOPPER, options)
             print(f"compiled bf16 dot={dot} split={split} {side.lower()}")
+    early_variants(options)
+
+
+def early_variants(options: dict) -> None:
+    """device.early_epilogue_loads (finish.py): the reduce kernel loads the constants before it
+    waits (PDL), and products that finish themselves fetch theirs into L2 while they wait."""
+    for gated, norm_out in ((True, False), (False, True)):
+        ptx = triton.compile(reduce_variant(gated, norm_out, early=True), HOPPER, options).asm[
+            "ptx"
+        ]
+        assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait"), "constants first"
+        print(f"compiled reduce gated={gated} norm_out={norm_out} early")
+    for fmt, dot in (("bf16", True), ("e4m3", False)):  # folded, norm_out; one slice, scaled
+        variant = product_variant(fmt, False, dot, dot, True, "", NORM_OUT=dot, EARLY=True,
+                                  PDL=True, PREFETCH_LINES=2)  # fmt: skip
+        ptx = triton.compile(variant, HOPPER, options).asm["ptx"]
+        assert ptx.count("prefetch.global.L2") > 2, "W's lines and the constants' lines"
+        print(f"compiled {fmt} dot={dot} early")
 
 
 if __name__ == "__main__":

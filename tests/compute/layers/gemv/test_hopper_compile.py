@@ -28,11 +28,13 @@ def test_every_variant_compiles_for_sm_90() -> None:
     # int4's blocks on FMA tiles: gated and split, and plain (x is never normed there); then
     # each format's FMA tiles pipelined (with cp.async), int4's blocks read a step ahead (both
     # tilings, gated and plain), int4's raw tiles (gated and plain, no packed subtract), both
-    # blocks tilings for float32 rows, the reduce kernel's two and its norm_out, and the norm
-    # split between two products (norm_out and prenormed, three tilings each)
+    # blocks tilings for float32 rows, the reduce kernel's two and its norm_out, the norm
+    # split between two products (norm_out and prenormed, three tilings each), and early
+    # epilogue loads (two reduce kernels, two products)
     assert done.stdout.count("compiled") == (
-        2 * 3 * len(formats) - 1 + len(formats) + 4 + 2 + 2 + 2 + 1 + 6
+        2 * 3 * len(formats) - 1 + len(formats) + 4 + 2 + 2 + 2 + 1 + 6 + 4
     )
+    assert done.stdout.count("early") == 4
     assert done.stdout.count("pipelined") == len(formats)
     assert done.stdout.count("ahead") == 4
     assert done.stdout.count("raw") == 2

@@ -319,9 +319,9 @@ def test_the_method_multiplies_one_row_from_the_blocks_derived_at_load(
     weights_multiplied = []
     real = product.small_rows_product
 
-    def recorded(x, weight, tiles, *rest):
+    def recorded(x, weight, tiles, *rest, **options):
         weights_multiplied.append((weight.dtype, tiles.blocks))
-        return real(x, weight, tiles, *rest)
+        return real(x, weight, tiles, *rest, **options)
 
     monkeypatch.setattr(product, "small_rows_product", recorded)
     x = torch.randn(1, 224, device=DEVICE)
@@ -362,7 +362,7 @@ def test_groups_of_128_quantized_on_load_multiply_on_32s_blocks_tiles(
     tiles_used = []
     real = product.small_rows_product
     monkeypatch.setattr(product, "small_rows_product",
-                        lambda x, w, tiles, *rest: tiles_used.append(tiles) or real(x, w, tiles, *rest))  # fmt: skip
+                        lambda x, w, tiles, *rest, **kw: tiles_used.append(tiles) or real(x, w, tiles, *rest, **kw))  # fmt: skip
     x = torch.randn(1, 512, device=DEVICE)
     dense = dequantize_int4_rows(layer.weight, layer.weight_scale, layer.weight_offset)
     torch.testing.assert_close(method.apply_gated(layer, x), reference(x, dense, gated=True),

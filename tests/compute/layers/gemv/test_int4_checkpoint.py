@@ -65,11 +65,11 @@ def test_norms_split_between_int4_products_keep_the_greedy_tokens(tmp_path, monk
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
+                add_norm=None, norm_out=None, prenormed=None, early_loads=False):  # fmt: skip
         if int4_groups is not None:  # the projections, not the dense LM head
             kinds.append("start" if norm_out else "finish" if prenormed else "plain")
         return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm, norm_out,
-                    prenormed)  # fmt: skip
+                    prenormed, early_loads)  # fmt: skip
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     outputs = []

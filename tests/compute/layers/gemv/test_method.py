@@ -22,11 +22,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 SETTINGS = {"cache.num_blocks": 64, "model.max_model_len": 256, "device.cpu_packed_weights": False}
 
 
-def greedy(model_dir, prompts, kernels: bool, fuse_norm: bool = False, norm_finish: bool = False):
+def greedy(
+    model_dir, prompts, kernels: bool, fuse_norm=False, norm_finish=False, early_loads=False
+):
     switches = {
         "device.small_batch_kernels": kernels,
         "device.fused_norm_products": fuse_norm,
         "device.norms_in_product_finish": norm_finish,
+        "device.early_epilogue_loads": early_loads,
     }
     engine = make_engine(model_dir, **SETTINGS, **switches)
     try:
@@ -49,11 +52,12 @@ def test_greedy_tokens_equal_the_model_without_the_kernels(arch, tmp_path, monke
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
+                add_norm=None, norm_out=None, prenormed=None, early_loads=False):  # fmt: skip
         normed = "none" if add_norm is None else "add" if add_norm.residual is not None else "norm"
         calls.append((x.shape[0], gated, bias is not None, normed))
         assert norm_out is None and prenormed is None  # device.norms_in_product_finish is off
-        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm)
+        return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm,
+                    early_loads=early_loads)  # fmt: skip
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     assert greedy(tmp_path, prompts, kernels=True) == want
@@ -95,10 +99,10 @@ def test_norms_split_between_the_products_keep_the_greedy_tokens(arch, tmp_path,
     real = product.small_rows_product
 
     def counted(x, weight, tiles, scale=None, gated=False, bias=None, int4_groups=None,
-                add_norm=None, norm_out=None, prenormed=None):  # fmt: skip
+                add_norm=None, norm_out=None, prenormed=None, early_loads=False):  # fmt: skip
         kinds.append("start" if norm_out else "finish" if prenormed else "plain")
         return real(x, weight, tiles, scale, gated, bias, int4_groups, add_norm, norm_out,
-                    prenormed)  # fmt: skip
+                    prenormed, early_loads)  # fmt: skip
 
     monkeypatch.setattr(product, "small_rows_product", counted)
     norms.clear()
@@ -113,6 +117,25 @@ def test_norms_split_between_the_products_keep_the_greedy_tokens(arch, tmp_path,
         return
     assert kinds.count("start") == kinds.count("finish") == 3 * steps
     assert len(norms) == norms_without - 3 * steps
+
+
+def test_early_epilogue_loads_reach_every_product_and_keep_the_greedy_tokens(tmp_path, monkeypatch):
+    """device.early_epilogue_loads, with the norms split between the products (the reduce
+    kernel's and the finishes' every epilogue): greedy tokens equal the model without the
+    kernels (float32), and every product was asked for it, the LM head's too."""
+    build_tiny_model("llama", tmp_path, logit_scale=4.0)
+    prompts = [[5, 9, 2, 7], list(range(30, 49))]
+    want = greedy(tmp_path, prompts, kernels=False)
+    asked = []
+    real = product.small_rows_product
+
+    def counted(*args, early_loads=False, **kwargs):
+        asked.append(early_loads)
+        return real(*args, early_loads=early_loads, **kwargs)
+
+    monkeypatch.setattr(product, "small_rows_product", counted)
+    assert greedy(tmp_path, prompts, kernels=True, norm_finish=True, early_loads=True) == want
+    assert asked and all(asked)
 
 
 def test_more_rows_than_the_kernels_take_go_to_the_wrapped_method(monkeypatch) -> None:
@@ -141,7 +164,7 @@ def test_a_tiling_out_of_shared_memory_retries_with_fewer_stages_then_gives_up(m
     stages_tried = []
 
     def fits_below(limit):
-        def launch(x, weight, tiles, *rest):
+        def launch(x, weight, tiles, *rest, **options):
             stages_tried.append(tiles.num_stages)
             if tiles.num_stages > limit:
                 raise OutOfResources(1, 0, "shared memory")
@@ -214,7 +237,7 @@ def test_an_lm_heads_quantized_copy_multiplies_on_the_kernels(fmt, monkeypatch) 
     read = []
     real = product.small_rows_product
     monkeypatch.setattr(product, "small_rows_product",
-                        lambda x, w, *rest: read.append(w.dtype) or real(x, w, *rest))  # fmt: skip
+                        lambda x, w, *rest, **kw: read.append(w.dtype) or real(x, w, *rest, **kw))  # fmt: skip
     x = torch.randn(1, 128, device=DEVICE)
     want = inner.format.apply(inner.copy_of(layer), x)
     # On CUDA the format's own int4 product (tinygemm) takes x in bf16: a looser bound there.
