@@ -86,7 +86,7 @@
 #                                 their GPU time, PDL off
 #   tools/gpu_issue22.sh early    W4 of bf16, fp8 and wint4: the defaults against
 #                                 device.early_epilogue_loads (W4_S: the limit)
-#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: rest, then early
+#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: early, then rest
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: early, then W4 of bf16, fp8
 #                                 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
@@ -440,14 +440,19 @@ case "${1:-}" in
           # against PDL in graphs of up to 8 sequences in the time left (three runs a side,
           # each recorded)
     h200_only "$@" || exit 0
-    W4_S="${W4_S:-300}" bash "$0" early
+    W4_S="${W4_S:-270}" bash "$0" early
     limit=$(( 575 - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
     [ "$limit" -ge 150 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
     ;;
-  early)  # W4 of the goals' rows (bf16, fp8, wint4 g128): the defaults against
-          # device.early_epilogue_loads, three runs a side (W4_S: the limit), recorded
+  early)  # device.early_epilogue_loads: its tests on the GPU (equal to the default finish; and
+          # the split merge's), then W4 of the goals' rows (bf16, fp8, wint4 g128), the defaults
+          # against it, three runs a side (W4_S: the limit), recorded
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+      tests/compute/layers/gemv/test_early_loads.py tests/compute/test_triton_decode.py \
+      > "$out/early_tests.log" 2>&1
     W4_REPEATS=3 w4 none,fp8,wint4 "${W4_S:-300}" early --candidate device.early_epilogue_loads=true
+    echo "== early loads' and the merge's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/early_tests.log" | tail -4
     echo "== w4 (defaults against early_epilogue_loads)"; tail -10 "$out/w4_early.log"
     ;;  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
            # recorded: on any GPU (the fallback of `h200 w1tile`)
@@ -463,8 +468,8 @@ case "${1:-}" in
   rest)  # every GPU test outside tests/compute/layers (CUDA graphs, the warm-up, the engines;
         # REST_S: its time limit): the fallback of `h200 rest` after a change to the step runner
     timeout "${REST_S:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
-      --continue-on-collection-errors tests/compute/sampling tests/compute/step \
-      tests/compute/test_gpu.py tests/compute/test_gpu_guided.py \
+      --continue-on-collection-errors tests/compute/test_gpu.py tests/compute/step \
+      tests/compute/sampling tests/compute/test_gpu_guided.py \
       tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
       tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
     [ $? = 124 ] && echo "TIMED OUT after ${REST_S:-400} s: the tests above ran, the rest did not" >> "$out/gpu_rest.log"
@@ -481,12 +486,11 @@ case "${1:-}" in
     done
     for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  h100)  # what an H100 is for when an H200 was asked for: `rest` (REST_S, default 240), then
-         # `early` (W4_S, default 290)
-    REST_S="${REST_S:-240}" bash "$0" rest
-    W4_S="${W4_S:-290}" bash "$0" early
-    ;;
-  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
+  h100)  # what an H100 is for when an H200 was asked for: `early` (W4_S, default 330), then
+         # `rest` in the time left
+    W4_S="${W4_S:-330}" bash "$0" early
+    REST_S=$(( 570 - SECONDS )) bash "$0" rest
+    ;;  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/step/test_gpu_warm_up.py > "$out/warm_up.log" 2>&1
