@@ -84,10 +84,10 @@
 #                                 engines; REST_S: its time limit)
 #   tools/gpu_issue22.sh profile8 batch 8's step on the 0.6B, the 8B in fp8 and bf16: kernels and
 #                                 their GPU time, PDL off
-#   tools/gpu_issue22.sh early    W4 of bf16, fp8 and wint4: the defaults against
+#   tools/gpu_issue22.sh epilogue W4 of bf16, fp8 and wint4: the defaults against
 #                                 device.early_epilogue_loads (W4_S: the limit)
-#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: early, then rest
-#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: early, then W4 of bf16, fp8
+#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: epilogue, then rest
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: epilogue, then W4 of bf16, fp8
 #                                 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
@@ -440,12 +440,12 @@ case "${1:-}" in
           # against PDL in graphs of up to 8 sequences in the time left (three runs a side,
           # each recorded)
     h200_only "$@" || exit 0
-    W4_S="${W4_S:-270}" bash "$0" early
+    W4_S="${W4_S:-270}" bash "$0" epilogue
     limit=$(( 575 - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
     [ "$limit" -ge 150 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
     ;;
-  early)  # device.early_epilogue_loads: its tests on the GPU (equal to the default finish; and
+  epilogue)  # device.early_epilogue_loads: its tests on the GPU (equal to the default finish; and
           # the split merge's), then W4 of the goals' rows (bf16, fp8, wint4 g128), the defaults
           # against it, three runs a side (W4_S: the limit), recorded
     timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
@@ -486,9 +486,9 @@ case "${1:-}" in
     done
     for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  h100)  # what an H100 is for when an H200 was asked for: `early` (W4_S, default 330), then
+  h100)  # what an H100 is for when an H200 was asked for: `epilogue` (W4_S, default 330), then
          # `rest` in the time left
-    W4_S="${W4_S:-330}" bash "$0" early
+    W4_S="${W4_S:-330}" bash "$0" epilogue
     REST_S=$(( 570 - SECONDS )) bash "$0" rest
     ;;  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
@@ -556,6 +556,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host|rest|profile8|h100|early" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host|rest|profile8|h100|epilogue" >&2; exit 2 ;;
 esac
 exit 0
