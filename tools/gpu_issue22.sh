@@ -77,9 +77,7 @@
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 on
-#                                 the defaults, a refine sweep of wint4 in groups of 128 (commit
-#                                 the table), W4 wint4 against groups of 32, attention's builds
-#                                 at W1's steps (H200_S: the call's seconds)
+#                                 the defaults, then epilogue (H200_S: the call's seconds)
 #   tools/gpu_issue22.sh rest     every GPU test outside tests/compute/layers (graphs, warm-up,
 #                                 engines; REST_S: its time limit)
 #   tools/gpu_issue22.sh profile8 batch 8's step on the 0.6B, the 8B in fp8 and bf16: kernels and
@@ -87,8 +85,9 @@
 #   tools/gpu_issue22.sh epilogue W4 of bf16, fp8 and wint4: the defaults against
 #                                 device.early_epilogue_loads (W4_S: the limit)
 #   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: epilogue, then rest
-#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: epilogue, then W4 of bf16, fp8
-#                                 and wint8 against pdl_max_batch=8
+#   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: a refine sweep of wint4 in
+#                                 groups of 128 (commit the table), W4 wint4 against groups of
+#                                 32, W4 of bf16, fp8 and wint8 against pdl_max_batch=8
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
@@ -412,37 +411,35 @@ case "${1:-}" in
          # nothing, so asking for an H200 and getting an H100 costs seconds), each part's limit
          # keeping the whole under H200_S (its device time): W1 on the defaults (the goal's
          # figure, nano-vllm's draws, three runs, recorded; decode attention's tests before
-         # it), a refine sweep of wint4 in groups
-         # of 128 (8B and 0.6B; the H200's table has no int4g128 keys; SWEEP_S: its budget;
-         # commit the table), W4 wint4 on it (three runs a side, groups of 32 beside,
-         # recorded), then decode attention's builds at W1's steps if 80 s are left.
-         # Then, on the same machine, `h200b`.
+         # it), then `epilogue` (W4 of every goal row, the defaults against
+         # device.early_epilogue_loads: the goals' figures beside the candidate). Then, on the
+         # same machine, `h200b`.
     h200_only "$@" || exit 0
     timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py > "$out/decode_tests.log" 2>&1
     w1_against w1  # no settings: the defaults alone
-    sweep_s=$(( ${H200_S:-580} - SECONDS - 250 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
-    [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
-    limit=$(( ${H200_S:-580} - SECONDS - 90 )); [ "$limit" -gt 160 ] && limit=160
-    [ "$limit" -ge 90 ] && W4_REPEATS=3 w4 wint4 "$limit" g --candidate model.int4_group=32
-    [ $(( ${H200_S:-580} - SECONDS )) -ge 80 ] && w1_attention
+    w4_s=$(( ${H200_S:-580} - SECONDS - 15 )); [ "$w4_s" -gt 330 ] && w4_s=330
+    [ "$w4_s" -ge 200 ] && W4_S="$w4_s" bash "$0" epilogue
     echo "== decode attention's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/decode_tests.log" | tail -4
     echo "== w1 (defaults)"; tail -6 "$out/w1.log"
+    ;;
+  h200b)  # the second H200 call, after `h200` on the same machine, each part's limit keeping
+          # the whole under H200_S: a refine sweep of wint4 in groups of 128 (8B and 0.6B; the
+          # H200's table has no int4g128 keys; SWEEP_S: its budget; commit the table), W4 wint4
+          # on it (three runs a side, groups of 32 beside, recorded), then W4 of bf16, fp8 and
+          # wint8 against PDL in graphs of up to 8 sequences if the time is left
+    h200_only "$@" || exit 0
+    sweep_s=$(( ${H200_S:-575} - SECONDS - 200 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
+    [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
+    limit=$(( ${H200_S:-575} - SECONDS - 15 )); [ "$limit" -gt 160 ] && limit=160
+    [ "$limit" -ge 90 ] && W4_REPEATS=3 w4 wint4 "$limit" g --candidate model.int4_group=32
+    limit=$(( ${H200_S:-575} - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
+    [ "$limit" -ge 200 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
       grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     fi
     [ -f "$out/w4_g.log" ] && { echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"; }
-    [ -f "$out/attn_w1.log" ] && { echo "== W1's steps"; grep -E "^\||copy" "$out/attn_w1.log"; }
-    ;;
-  h200b)  # the second H200 call, after `h200` on the same machine: W4 of every goal row (bf16,
-          # fp8, wint4) against device.early_epilogue_loads, then W4 of bf16, fp8 and wint8
-          # against PDL in graphs of up to 8 sequences in the time left (three runs a side,
-          # each recorded)
-    h200_only "$@" || exit 0
-    W4_S="${W4_S:-270}" bash "$0" epilogue
-    limit=$(( 575 - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
-    [ "$limit" -ge 150 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
     ;;
   epilogue)  # device.early_epilogue_loads: its tests on the GPU (equal to the default finish; and
