@@ -122,8 +122,8 @@ class DeviceOptions(_Section):
     # they use any (gemv/finish.py): the split-K reduce loads the model's per-channel
     # constants before it waits on the product (PDL), then all splits' sums and the residual
     # at once; a product that finishes itself fetches its constants into L2 while it waits.
-    # Built 2026-12-07 against latency the profiles show (a reduce is 2.1-2.3 us, two a
-    # layer); off until a GPU measures it.
+    # Off: W4 on an H100 (2026-12-07, three runs a side) measured 1.01x on the 8B in bf16 and
+    # fp8 but 0.92x in wint4 (docs/benchmarks.md).
     early_epilogue_loads: bool = False
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it

@@ -84,6 +84,8 @@
 #                                 their GPU time, PDL off
 #   tools/gpu_issue22.sh epilogue W4 of bf16, fp8 and wint4: the defaults against
 #                                 device.early_epilogue_loads (W4_S: the limit)
+#   tools/gpu_issue22.sh wint4early the 8B's wint4 step profiled with PDL on, without and with
+#                                 device.early_epilogue_loads (0.92x in W4 on an H100)
 #   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: epilogue, then rest
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: a refine sweep of wint4 in
 #                                 groups of 128 (commit the table), W4 wint4 against groups of
@@ -442,6 +444,15 @@ case "${1:-}" in
     [ -f "$out/w4_g.log" ] && { echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"; }
     [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
     ;;
+  wint4early)  # why early epilogue loads cost the 8B in wint4 9% at batch 1 (H100, 2026-12-07):
+              # its step profiled with PDL on (as W4 runs it), without and with the setting
+    for early in false true; do
+      timeout 110 python3 tools/profile_step.py --model llama-3.1-8b --quantization wint4 \
+        --set model.int4_group=128 --small-batch-kernels \
+        --set device.early_epilogue_loads=$early > "$out/profile_wint4_early_$early.log" 2>&1
+    done
+    for f in "$out"/profile_wint4_early_*.log; do echo "== $f"; head -24 "$f"; done
+    ;;
   epilogue)  # device.early_epilogue_loads: its tests on the GPU (equal to the default finish; and
           # the split merge's), then W4 of the goals' rows (bf16, fp8, wint4 g128), the defaults
           # against it, three runs a side (W4_S: the limit), recorded
@@ -553,6 +564,6 @@ case "${1:-}" in
     done
     for f in "$out"/profile_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host|rest|profile8|h100|epilogue" >&2; exit 2 ;;
+  *) echo "usage: $0 tune|refine|bench|all|final|check|candidates|together|profile|pdl|retune|last|int8|quant|blocks|pipelined|sweep|finish|verify|group128|head|one|w1|attn|attn_w1|goals|norms|h200|h200b|w1tile|draws|unrun|w1h200|rope|products|w1host|rest|profile8|h100|epilogue|wint4early" >&2; exit 2 ;;
 esac
 exit 0
