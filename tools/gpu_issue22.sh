@@ -77,7 +77,8 @@
 #                                 device.norms_in_product_finish against the defaults (three
 #                                 runs a side; W4_S: W4's time limit)
 #   tools/gpu_issue22.sh h200 [MODE...]  for an H200 only (elsewhere MODE, or nothing): W1 on
-#                                 the defaults, then epilogue (H200_S: the call's seconds)
+#                                 the defaults, then W4 of the goal rows against
+#                                 pdl_max_batch=8 (H200_S: the call's seconds)
 #   tools/gpu_issue22.sh rest     every GPU test outside tests/compute/layers (graphs, warm-up,
 #                                 engines; REST_S: its time limit)
 #   tools/gpu_issue22.sh profile8 batch 8's step on the 0.6B, the 8B in fp8 and bf16: kernels and
@@ -86,10 +87,11 @@
 #                                 device.early_epilogue_loads (W4_S: the limit)
 #   tools/gpu_issue22.sh wint4early the 8B's wint4 step profiled with PDL on, without and with
 #                                 device.early_epilogue_loads (0.92x in W4 on an H100)
-#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: epilogue, then rest
+#   tools/gpu_issue22.sh h100     the fallback of `h200 h100`: wint4early, profile8, then the
+#                                 GPU tests outside the kernels that the last call left unrun
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: a refine sweep of wint4 in
 #                                 groups of 128 (commit the table), W4 wint4 against groups of
-#                                 32, W4 of bf16, fp8 and wint8 against pdl_max_batch=8
+#                                 32, then wint4early
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
@@ -413,36 +415,35 @@ case "${1:-}" in
          # nothing, so asking for an H200 and getting an H100 costs seconds), each part's limit
          # keeping the whole under H200_S (its device time): W1 on the defaults (the goal's
          # figure, nano-vllm's draws, three runs, recorded; decode attention's tests before
-         # it), then `epilogue` (W4 of every goal row, the defaults against
-         # device.early_epilogue_loads: the goals' figures beside the candidate). Then, on the
-         # same machine, `h200b`.
+         # it), then W4 of every goal row (bf16, fp8, wint4 g128: the goals' figures) against
+         # PDL in graphs of up to 8 sequences (batch 8's ratio; three runs a side, recorded).
+         # Then, on the same machine, `h200b`.
     h200_only "$@" || exit 0
     timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/test_triton_decode.py > "$out/decode_tests.log" 2>&1
     w1_against w1  # no settings: the defaults alone
     w4_s=$(( ${H200_S:-580} - SECONDS - 15 )); [ "$w4_s" -gt 330 ] && w4_s=330
-    [ "$w4_s" -ge 200 ] && W4_S="$w4_s" bash "$0" epilogue
+    [ "$w4_s" -ge 200 ] && W4_REPEATS=3 w4 none,fp8,wint4 "$w4_s" goals --candidate device.pdl_max_batch=8
     echo "== decode attention's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/decode_tests.log" | tail -4
     echo "== w1 (defaults)"; tail -6 "$out/w1.log"
+    [ -f "$out/w4_goals.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_goals.log"; }
     ;;
   h200b)  # the second H200 call, after `h200` on the same machine, each part's limit keeping
           # the whole under H200_S: a refine sweep of wint4 in groups of 128 (8B and 0.6B; the
           # H200's table has no int4g128 keys; SWEEP_S: its budget; commit the table), W4 wint4
-          # on it (three runs a side, groups of 32 beside, recorded), then W4 of bf16, fp8 and
-          # wint8 against PDL in graphs of up to 8 sequences if the time is left
+          # on it (three runs a side, groups of 32 beside, recorded), then `wint4early` if the
+          # time is left
     h200_only "$@" || exit 0
     sweep_s=$(( ${H200_S:-575} - SECONDS - 200 )); [ "$sweep_s" -gt "${SWEEP_S:-150}" ] && sweep_s=${SWEEP_S:-150}
     [ "$sweep_s" -ge 60 ] && sweep_g128 "$sweep_s" --shapes llama-3.1-8b,qwen3-0.6b
     limit=$(( ${H200_S:-575} - SECONDS - 15 )); [ "$limit" -gt 160 ] && limit=160
     [ "$limit" -ge 90 ] && W4_REPEATS=3 w4 wint4 "$limit" g --candidate model.int4_group=32
-    limit=$(( ${H200_S:-575} - SECONDS - 10 )); [ "$limit" -gt 270 ] && limit=270
-    [ "$limit" -ge 200 ] && W4_REPEATS=3 w4 none,fp8,wint8 "$limit" h200 --candidate device.pdl_max_batch=8
     if [ -f "$out/gemv_tune.log" ]; then
       echo "== sweep (wrong candidates: $(grep -cE WRONG "$out/gemv_tune.log"))"
       grep "^| llama\|^| qwen" "$out/gemv_tune.log" | tail -16
     fi
     [ -f "$out/w4_g.log" ] && { echo "== w4 wint4 (groups of 128 against 32)"; tail -6 "$out/w4_g.log"; }
-    [ -f "$out/w4_h200.log" ] && { echo "== w4 (defaults against pdl_max_batch=8)"; tail -10 "$out/w4_h200.log"; }
+    [ $(( ${H200_S:-575} - SECONDS )) -ge 200 ] && bash "$0" wint4early
     ;;
   wint4early)  # why early epilogue loads cost the 8B in wint4 9% at batch 1 (H100, 2026-12-07):
               # its step profiled with PDL on (as W4 runs it), without and with the setting
@@ -494,10 +495,16 @@ case "${1:-}" in
     done
     for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
-  h100)  # what an H100 is for when an H200 was asked for: `epilogue` (W4_S, default 330), then
-         # `rest` in the time left
-    W4_S="${W4_S:-330}" bash "$0" epilogue
-    REST_S=$(( 570 - SECONDS )) bash "$0" rest
+  h100)  # what an H100 is for when an H200 was asked for: `wint4early`, `profile8`, then the
+         # GPU tests outside the kernels that 2026-12-07's call left unrun, in the time left
+    bash "$0" wint4early
+    bash "$0" profile8
+    [ $(( 570 - SECONDS )) -ge 30 ] && timeout $(( 570 - SECONDS )) python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+      --continue-on-collection-errors tests/compute/step/test_gpu_warm_up.py \
+      tests/compute/sampling tests/compute/test_gpu_guided.py \
+      tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
+      tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
+    [ -f "$out/gpu_rest.log" ] && { echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_rest.log" | tail -8; }
     ;;  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
