@@ -505,7 +505,8 @@ case "${1:-}" in
       tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
       tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
     [ -f "$out/gpu_rest.log" ] && { echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_rest.log" | tail -8; }
-    ;;  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
+    ;;
+  unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
       tests/compute/step/test_gpu_warm_up.py > "$out/warm_up.log" 2>&1
