@@ -463,7 +463,8 @@ case "${1:-}" in
     W4_REPEATS=3 w4 none,fp8,wint4 "${W4_S:-300}" early --candidate device.early_epilogue_loads=true
     echo "== early loads' and the merge's tests"; grep -E "passed|failed|^FAILED|^E  " "$out/early_tests.log" | tail -4
     echo "== w4 (defaults against early_epilogue_loads)"; tail -10 "$out/w4_early.log"
-    ;;  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
+    ;;
+  w1tile)  # W1, the defaults against tiles of 128 keys from W1_TILE_FROM programs (default 320),
            # recorded: on any GPU (the fallback of `h200 w1tile`)
     W1_TILE_FROM="${W1_TILE_FROM:-320}" w1_tile
     echo "== w1 (defaults against decode_attention_tile_128_from_programs=${W1_TILE_FROM:-320})"; tail -7 "$out/w1_tile.log"
