@@ -57,13 +57,15 @@ def test_early_loads_give_the_default_finishs_product(tiles: Tiles, epilogue: st
 
 
 @pytest.mark.parametrize("tiles", TILES)
-def test_early_loads_finish_the_norm_as_the_default_does(tiles: Tiles) -> None:
+@pytest.mark.parametrize("gated_next", [False, True])
+def test_early_loads_finish_the_norm_as_the_default_does(tiles: Tiles, gated_next: bool) -> None:
     """NormOut: the residual added and multiplied by the norm's weight; then the next product,
-    which finishes the norm (PreNormed), on the same tiles."""
+    which finishes the norm (PreNormed), on the same tiles: a plain one (qkv) or gated
+    (gate/up)."""
     g = torch.Generator().manual_seed(7 + tiles.splits)
     rows = 5 if tiles.dot else 1
     x, residual = _rand(g, rows, 48), _rand(g, rows, 40)
-    w_o, w_next = _rand(g, 40, 48, scale=48**-0.5), _rand(g, 24, 40, scale=40**-0.5)
+    w_o, w_next = _rand(g, 40, 48, scale=48**-0.5), _rand(g, 2 * 12, 40, scale=40**-0.5)
     norm_weight = 1 + 0.1 * _rand(g, 40)
     late, early = (
         small_rows_product(
@@ -76,7 +78,9 @@ def test_early_loads_finish_the_norm_as_the_default_does(tiles: Tiles) -> None:
         _assert_same(getattr(late, part), getattr(early, part), tiles)
     torch.testing.assert_close(early.squares.sum(0), late.squares.sum(0), rtol=1e-6, atol=1e-6)
     after_late, after_early = (
-        small_rows_product(normed.x, w_next, tiles, prenormed=normed, early_loads=on)
+        small_rows_product(
+            normed.x, w_next, tiles, gated=gated_next, prenormed=normed, early_loads=on
+        )  # fmt: skip
         for normed, on in ((late, False), (early, True))
     )
     torch.testing.assert_close(after_early, after_late, rtol=1e-5, atol=1e-5)
