@@ -138,11 +138,6 @@ w1_tile() {  # W1, the defaults against W1_TILE_FROM (default 0: no tiles of 128
              # device.decode_attention_tile_128_from_programs
   w1_against w1_tile "device.decode_attention_tile_128_from_programs=${W1_TILE_FROM:-0}"
 }
-w1_attention() {  # decode attention's builds at W1's large steps, timed in graphs
-  timeout "${ATTN_S:-70}" python3 tools/bench_decode_kernel.py --heads 16 --seqs 202 112 80 64 48 \
-    --context 811 --max-model-len 2048 --spread --pages 16 --variants 4:-:64:seq 4:5:64:seq \
-    4:-:128:seq 4:5:128:seq > "$out/attn_w1.log" 2>&1
-}
 w1_profile() {  # where a 200-sequence decode step of W1's model goes, torch's profiler
   timeout 110 python3 tools/profile_step.py --model qwen3-0.6b --batch 200 --prompt-tokens 800 \
     > "$out/w1_profile.log" 2>&1

@@ -164,21 +164,48 @@ def store_output(
         inv_rms = inverse_rms(squares_sum, depth, eps)[None, :]
         gate, up = gate * inv_rms, up * inv_rms
     if EARLY:
-        y = _epilogue_of(gate, up, scale, up_scale, bias, SCALED, HAS_BIAS, GATED)
-        y = y.to(out_ptr.dtype.element_ty)
-        if NORM_OUT:
-            h = _residual_sum(y, r, at, residual_out_ptr, squares_out_ptr, slot, rows, num_rows,
-                              out_mask)  # fmt: skip
-            y = (h * norm_weight[:, None]).to(out_ptr.dtype.element_ty)
+        y = _output_of(gate, up, scale, up_scale, bias, norm_weight, r, at, out_ptr,
+                       residual_out_ptr, squares_out_ptr, slot, rows, num_rows, out_mask, SCALED,
+                       HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
     else:
-        y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS,
-                      GATED)  # fmt: skip
-        y = y.to(out_ptr.dtype.element_ty)
-        if NORM_OUT:
-            y = norm_out_values(y, at, residual_ptr, norm_weight_ptr, residual_out_ptr,
-                                squares_out_ptr, slot, channels, rows, num_rows, num_channels,
-                                out_mask).to(out_ptr.dtype.element_ty)  # fmt: skip
+        y = _output(gate, up, at, out_ptr, scale_ptr, bias_ptr, residual_ptr, norm_weight_ptr,
+                    residual_out_ptr, squares_out_ptr, slot, channels, rows, num_rows,
+                    num_channels, out_mask, SCALED, HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
     tl.store(out_ptr + at, y, mask=out_mask)
+
+
+@triton.jit
+def _output(
+    gate, up, at, out_ptr, scale_ptr, bias_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr,
+    squares_out_ptr, slot, channels, rows, num_rows, num_channels, out_mask,
+    SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM_OUT: tl.constexpr,
+):  # fmt: skip
+    """The sums [BLOCK_N, BLOCK_M] through the epilogue in the output's dtype, then (NORM_OUT)
+    through `norm_out_values`, each operand loaded where it is first used."""
+    y = _epilogue(gate, up, scale_ptr, bias_ptr, channels, num_channels, SCALED, HAS_BIAS, GATED)
+    y = y.to(out_ptr.dtype.element_ty)
+    if NORM_OUT:
+        y = norm_out_values(y, at, residual_ptr, norm_weight_ptr, residual_out_ptr,
+                            squares_out_ptr, slot, channels, rows, num_rows, num_channels,
+                            out_mask).to(out_ptr.dtype.element_ty)  # fmt: skip
+    return y
+
+
+@triton.jit
+def _output_of(
+    gate, up, scale, up_scale, bias, norm_weight, r, at, out_ptr, residual_out_ptr,
+    squares_out_ptr, slot, rows, num_rows, out_mask, SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, NORM_OUT: tl.constexpr,
+):  # fmt: skip
+    """`_output` with its operands loaded: the constants (`epilogue_constants`) and the residual
+    r (NORM_OUT)."""
+    y = _epilogue_of(gate, up, scale, up_scale, bias, SCALED, HAS_BIAS, GATED)
+    y = y.to(out_ptr.dtype.element_ty)
+    if NORM_OUT:
+        h = _residual_sum(y, r, at, residual_out_ptr, squares_out_ptr, slot, rows, num_rows,
+                          out_mask)  # fmt: skip
+        y = (h * norm_weight[:, None]).to(out_ptr.dtype.element_ty)
+    return y
 
 
 @triton.jit
@@ -222,21 +249,16 @@ def reduce_kernel(
                                     SQUARES_P2)  # fmt: skip
         inv_rms = inverse_rms(squares_sum, depth, eps)
         gate, up = gate * inv_rms, up * inv_rms
+    rows, slot, out_mask = row + tl.arange(0, 1), tl.program_id(1), mask[:, None]
     if EARLY:
-        y = _epilogue_of(gate[:, None], up[:, None], scale, up_scale, bias, SCALED, HAS_BIAS,
-                         GATED).to(out_ptr.dtype.element_ty)  # fmt: skip
-        if NORM_OUT:
-            h = _residual_sum(y, r, at, residual_out_ptr, squares_ptr, tl.program_id(1),
-                              row + tl.arange(0, 1), num_rows, mask[:, None])  # fmt: skip
-            y = (h * norm_weight[:, None]).to(out_ptr.dtype.element_ty)
+        y = _output_of(gate[:, None], up[:, None], scale, up_scale, bias, norm_weight, r, at,
+                       out_ptr, residual_out_ptr, squares_ptr, slot, rows, num_rows, out_mask,
+                       SCALED, HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
     else:
-        y = _epilogue(gate[:, None], up[:, None], scale_ptr, bias_ptr, channels, num_channels,
-                      SCALED, HAS_BIAS, GATED).to(out_ptr.dtype.element_ty)  # fmt: skip
-        if NORM_OUT:
-            y = norm_out_values(y, at, residual_ptr, norm_weight_ptr, residual_out_ptr,
-                                squares_ptr, tl.program_id(1), channels, row + tl.arange(0, 1),
-                                num_rows, num_channels, mask[:, None]).to(out_ptr.dtype.element_ty)  # fmt: skip
-    tl.store(out_ptr + at, y, mask=mask[:, None])
+        y = _output(gate[:, None], up[:, None], at, out_ptr, scale_ptr, bias_ptr, residual_ptr,
+                    norm_weight_ptr, residual_out_ptr, squares_ptr, slot, channels, rows,
+                    num_rows, num_channels, out_mask, SCALED, HAS_BIAS, GATED, NORM_OUT)  # fmt: skip
+    tl.store(out_ptr + at, y, mask=out_mask)
 
 
 @triton.jit
