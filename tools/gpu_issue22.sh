@@ -498,10 +498,10 @@ case "${1:-}" in
     for f in "$out"/profile8_*.log; do echo "== $f"; head -16 "$f"; done
     ;;
   h100)  # what an H100 is for when an H200 was asked for: `wint4early`, `profile8`, then the
-         # GPU tests outside the kernels that 2026-12-07's call left unrun, in the time left
+         # GPU tests outside the kernels that 2026-12-07's call left unrun, until H100_S (570)
     bash "$0" wint4early
     bash "$0" profile8
-    [ $(( 570 - SECONDS )) -ge 30 ] && timeout $(( 570 - SECONDS )) python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+    [ $(( ${H100_S:-570} - SECONDS )) -ge 30 ] && timeout $(( ${H100_S:-570} - SECONDS )) python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
       --continue-on-collection-errors tests/compute/step/test_gpu_warm_up.py \
       tests/compute/sampling tests/compute/test_gpu_guided.py \
       tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
