@@ -128,9 +128,14 @@ class DeviceOptions(_Section):
     # CUDA, Hopper and later (ignored before): decode graphs of up to four sequences launch our
     # kernels with programmatic dependent launch, so each may start while the one before it
     # finishes (compute/layers/pdl.py). W4 on the H200: 1.13-1.20x on Qwen3-0.6B and
-    # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower. Not for wint8,
-    # whose batch 1 an H100 measured 0.92x with it (compute/build_rank.py, PDL_SLOWER_FORMATS).
+    # 1.02-1.05x on the 8B at batch 1; batch 8, captured without it, no slower. Not for the
+    # formats of pdl_off_formats.
     pdl: bool = True
+    # With pdl: projection formats (model.quantization) whose ranks launch without it all the
+    # same. wint8: an H100 measured its batch-1 step 0.92x with PDL (W4, three runs a side,
+    # 2026-12-06), where every other format gained 1.03-1.11x; no H200 has measured it. []
+    # launches wint8 with PDL too.
+    pdl_off_formats: tuple[Literal["none", "fp8", "wint8", "wint4"], ...] = ("wint8",)
     # With pdl: decode graphs of at most this many sequences launch with it (larger ones as
     # usual). With 8, the batch-8 step measured: H200 (2026-12-05) 8B bf16 6-7% slower, 0.6B
     # 1.10x faster; H100 (2026-12-06) 1.02-1.11x faster, but wint8 0.94x. 4 until an H200

@@ -221,21 +221,16 @@ def _build_runner(
     return runner, weights, num_blocks, summary, host_tier
 
 
-# Formats whose decode measured slower with PDL: wint8's batch-1 step, 0.92x on an H100 (W4,
-# three runs a side, 2026-12-06 15:29), where every other format gained 1.03-1.11x on the same
-# machine. The H200 has not measured wint8 without it.
-PDL_SLOWER_FORMATS = ("wint8",)
-
-
 def _pdl_pays(config: WorkerConfig, device: torch.device, format_name: str) -> bool:
-    """device.pdl where the GPU has it and the projections' format measured faster with it."""
+    """device.pdl where the GPU has it, unless the projections' format is one of
+    device.pdl_off_formats (those measured slower with it: wint8 by default)."""
     if not config.device.pdl or device.type != "cuda":
         return False
     if not _hopper_or_later(device):
         log.info("device.pdl needs a GPU of compute capability 9.0 or later; launching as usual")
         return False
-    if format_name in PDL_SLOWER_FORMATS:
-        log.info("device.pdl: off for %s, whose decode measured slower with it", format_name)
+    if format_name in config.device.pdl_off_formats:
+        log.info("device.pdl: off for %s (device.pdl_off_formats)", format_name)
         return False
     return True
 

@@ -78,8 +78,8 @@ def test_a_rank_launches_with_it_only_inside_small_decode_graphs() -> None:
 
 
 def test_a_rank_switches_it_on_for_hopper_and_not_for_wint8(monkeypatch) -> None:
-    """wint8's decode measured slower with PDL (build_rank.PDL_SLOWER_FORMATS); the others and
-    the CPU as before."""
+    """wint8's decode measured slower with PDL (device.pdl_off_formats' default); the others and
+    the CPU as before; an empty pdl_off_formats gives wint8 PDL too."""
     import msgspec
 
     from aioworker.compute import build_rank
@@ -91,6 +91,11 @@ def test_a_rank_switches_it_on_for_hopper_and_not_for_wint8(monkeypatch) -> None
     for name in ("none", "fp8", "wint4"):
         assert build_rank._pdl_pays(on, cuda, name), name
     assert not build_rank._pdl_pays(on, cuda, "wint8")
+    every_format = msgspec.convert({"device": {"pdl_off_formats": []}}, WorkerConfig)
+    assert build_rank._pdl_pays(every_format, cuda, "wint8")
+    no_fp8 = msgspec.convert({"device": {"pdl_off_formats": ["fp8"]}}, WorkerConfig)
+    assert not build_rank._pdl_pays(no_fp8, cuda, "fp8")
+    assert build_rank._pdl_pays(no_fp8, cuda, "wint8")
     assert not build_rank._pdl_pays(off, cuda, "none")
     assert not build_rank._pdl_pays(on, cpu, "none")
     monkeypatch.setattr(build_rank, "_hopper_or_later", lambda device: False)
