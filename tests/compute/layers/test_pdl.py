@@ -83,7 +83,7 @@ def test_a_rank_switches_it_on_for_hopper_and_not_for_wint8(monkeypatch) -> None
     import msgspec
 
     from aioworker.compute import build_rank
-    from aioworker.config import WorkerConfig
+    from aioworker.config import ConfigError, WorkerConfig, load_config
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(build_rank, "_hopper_or_later", lambda device: True)
@@ -96,6 +96,8 @@ def test_a_rank_switches_it_on_for_hopper_and_not_for_wint8(monkeypatch) -> None
     no_fp8 = msgspec.convert({"device": {"pdl_off_formats": ["fp8"]}}, WorkerConfig)
     assert not build_rank._pdl_pays(no_fp8, cuda, "fp8")
     assert build_rank._pdl_pays(no_fp8, cuda, "wint8")
+    with pytest.raises(ConfigError, match=r"'int3'.*pdl_off_formats\[0\]"):
+        load_config(overrides={"device.pdl_off_formats": ["int3"]})
     assert not build_rank._pdl_pays(off, cuda, "none")
     assert not build_rank._pdl_pays(on, cpu, "none")
     monkeypatch.setattr(build_rank, "_hopper_or_later", lambda device: False)
