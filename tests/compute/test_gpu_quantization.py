@@ -2,7 +2,8 @@
 as its dequantized weight does, on the kernels' few rows and the dequantizing path, and the same
 inside a CUDA graph; quantized checkpoints read back their dequantized weights through the
 device's own products (the block-scaled one where the device has it);
-and a quantized engine's graphs, release and resume keep its tokens. (The embedded model is
+a quantized engine's graphs, release and resume keep its tokens; and wint8 keeps them with PDL,
+which it launches without by default. (The embedded model is
 not on the GPU machine: its file is past what a run may carry; fp8's accuracy on it is measured
 through torch's CPU product, tests/test_quantization.py.)"""
 
@@ -116,3 +117,31 @@ def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
         finally:
             eng.close()
     assert outputs[True] == outputs[False] == outputs["resumed"]
+
+
+def test_wint8_keeps_its_tokens_with_pdl(tmp_path) -> None:
+    """wint8 launches without PDL by default (device.pdl_off_formats); `[]` gives it PDL, as W4
+    compares on the GPU. Its graphs must then give the tokens it gives without."""
+    from aioworker.compute.layers import pdl
+
+    build_tiny_model("llama", tmp_path, logit_scale=4.0, **SIZES)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outputs, switched = {}, {}
+    for off in (["wint8"], []):
+        eng = engine(
+            tmp_path,
+            **{
+                "model.dtype": "float32",
+                "model.max_model_len": 256,
+                "model.quantization": "wint8",
+                "device.pdl_off_formats": off,
+            },
+        )
+        try:
+            switched[bool(off)] = pdl.switched_on()
+            outputs[bool(off)] = [c.token_ids for c in eng.generate(prompts, params)]
+        finally:
+            eng.close()
+    assert switched == {True: False, False: torch.cuda.get_device_capability() >= (9, 0)}
+    assert outputs[True] == outputs[False]
