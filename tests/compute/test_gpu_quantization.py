@@ -1,11 +1,11 @@
 """Quantized weights on the GPU (`pytest -m gpu`): each format quantized while loading multiplies
 as its dequantized weight does, on the kernels' few rows and the dequantizing path, and the same
 inside a CUDA graph; quantized checkpoints read back their dequantized weights through the
-device's own products (the block-scaled one where the device has it);
-a quantized engine's graphs, release and resume keep its tokens; and wint8 keeps them with PDL,
-which it launches without by default. (The embedded model is
-not on the GPU machine: its file is past what a run may carry; fp8's accuracy on it is measured
-through torch's CPU product, tests/test_quantization.py.)"""
+device's own products (the block-scaled one where the device has it); a quantized engine's
+graphs, release and resume keep its tokens; and wint8 keeps them with PDL, which it launches
+without by default. (The embedded model is not on the GPU machine: its file is past what a run
+may carry; fp8's accuracy on it is measured through torch's CPU product,
+tests/test_quantization.py.)"""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ with it, where batch 1 gained 2-20%; with the limit, batch 8 measured no slower 
 The 0.6B's batch-8 step measured 1.10x faster with it in the same runs, and on an H100
 (2026-12-06) every 8B format but wint8 gained too, which is why the limit is a setting. A rank
 whose projections are of a format in device.pdl_off_formats (wint8 by default) does not switch
-it on at all: wint8's batch-1 step measured 0.92x with it on an H100. Tools and tests may switch it on for every launch. Each launch
-asks `launch_options()`.
+it on at all: wint8's batch-1 step measured 0.92x with it on an H100. Tools and tests may
+switch it on for every launch. Each launch asks `launch_options()`.
 """
 
 from __future__ import annotations
