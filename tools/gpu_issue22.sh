@@ -91,7 +91,7 @@
 #                                 GPU tests outside the kernels that the last call left unrun
 #   tools/gpu_issue22.sh h200b [MODE...]  the second H200 call: a refine sweep of wint4 in
 #                                 groups of 128 (commit the table), W4 wint4 against groups of
-#                                 32, then wint4early
+#                                 32, W4 wint8 against PDL (after its GPU test), then wint4early
 #   tools/gpu_issue22.sh w1tile   W1 against tiles of 128 keys from W1_TILE_FROM programs (320)
 #   tools/gpu_issue22.sh draws    W1 on nano-vllm's own draws against the draws it ran until
 #                                 2026-12-07 (tools/w1_draws.py, three runs a side, recorded)
@@ -165,6 +165,17 @@ h200_only() {  # true on an H200; elsewhere becomes mode $2 (with its arguments)
   echo "$gpu" | grep -q H200 && return 0
   [ -n "${2:-}" ] && exec bash "$0" "${@:2}"
   return 1
+}
+outside_kernels() {  # $1: the time limit; then test paths run before the ones every call
+                   # outside tests/compute/layers runs (samplers, guidance, the formats' engines,
+                   # the host KV tier)
+  local limit="$1"; shift
+  timeout "$limit" python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
+    --continue-on-collection-errors "$@" tests/compute/sampling tests/compute/test_gpu_guided.py \
+    tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
+    tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
+  [ $? = 124 ] && echo "TIMED OUT after $limit s: the tests above ran, the rest did not" >> "$out/gpu_rest.log"
+  echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  |TIMED OUT" "$out/gpu_rest.log" | tail -12
 }
 every_shape() {  # the kernels against the reference at every shape of configs/models/
   timeout "$1" python3 -m pytest -q -p no:cacheprovider -o addopts="" -k every_shape \
@@ -483,13 +494,7 @@ case "${1:-}" in
     ;;
   rest)  # every GPU test outside tests/compute/layers (CUDA graphs, the warm-up, the engines;
         # REST_S: its time limit): the fallback of `h200 rest` after a change to the step runner
-    timeout "${REST_S:-400}" python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
-      --continue-on-collection-errors tests/compute/test_gpu.py tests/compute/step \
-      tests/compute/sampling tests/compute/test_gpu_guided.py \
-      tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
-      tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
-    [ $? = 124 ] && echo "TIMED OUT after ${REST_S:-400} s: the tests above ran, the rest did not" >> "$out/gpu_rest.log"
-    echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  |TIMED OUT" "$out/gpu_rest.log" | tail -12
+    outside_kernels "${REST_S:-400}" tests/compute/test_gpu.py tests/compute/step
     ;;
   profile8)  # where batch 8's step goes (its ratio to batch 1 misses the goal on fp8 and the
             # 0.6B): kernels per step and their GPU time, 8 sequences of 1,024-token prompts
@@ -506,12 +511,8 @@ case "${1:-}" in
          # GPU tests outside the kernels that 2026-12-07's call left unrun, until H100_S (570)
     bash "$0" wint4early
     bash "$0" profile8
-    [ $(( ${H100_S:-570} - SECONDS )) -ge 30 ] && timeout $(( ${H100_S:-570} - SECONDS )) python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" \
-      --continue-on-collection-errors tests/compute/step/test_gpu_warm_up.py \
-      tests/compute/sampling tests/compute/test_gpu_guided.py \
-      tests/compute/test_gpu_quantization.py tests/compute/test_host_kv.py \
-      tests/test_host_kv_tier.py > "$out/gpu_rest.log" 2>&1
-    [ -f "$out/gpu_rest.log" ] && { echo "== GPU tests outside the kernels"; grep -E "passed|failed|^FAILED|^E  " "$out/gpu_rest.log" | tail -8; }
+    [ $(( ${H100_S:-570} - SECONDS )) -ge 30 ] && outside_kernels $(( ${H100_S:-570} - SECONDS )) \
+      tests/compute/step/test_gpu_warm_up.py
     ;;
   unrun)  # the GPU tests no GPU has run since their last change: the warm-up's (after ce36219's
            # named default) and the kernels' every-shape test (EVERY_S: its time limit)
