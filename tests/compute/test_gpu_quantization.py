@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from aioworker.compute.layers import pdl
 from aioworker.compute.layers.linear_method import process_after_loading
 from aioworker.compute.layers.quantized import fp8
 from aioworker.compute.layers.quantized.weight_only import WINT4_ON_LOAD, WINT8_ON_LOAD
@@ -122,8 +123,6 @@ def test_a_quantized_engine_keeps_its_tokens_through_graphs_release_and_resume(
 def test_wint8_keeps_its_tokens_with_pdl(tmp_path) -> None:
     """wint8 launches without PDL by default (device.pdl_off_formats); `[]` gives it PDL, as W4
     compares on the GPU. Its graphs must then give the tokens it gives without."""
-    from aioworker.compute.layers import pdl
-
     build_tiny_model("llama", tmp_path, logit_scale=4.0, **SIZES)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300]]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
