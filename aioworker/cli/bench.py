@@ -117,7 +117,7 @@ def run_offline(args: argparse.Namespace) -> int:
     except ImportError:
         return fail("the baseline needs transformers: pip install -e '.[dev]'")
     from aioworker.bench import cpu_offline
-    from aioworker.bench.report import append_to_doc, format_table
+    from aioworker.bench.report import format_table, publish
     from aioworker.compute.build_rank import _DTYPES
     from aioworker.engine import LLMEngine
 
@@ -148,8 +148,5 @@ def run_offline(args: argparse.Namespace) -> int:
         f"Model {engine.loaded.model_dir.name}, dtype {engine.loaded.dtype}, greedy. "
         f"Greedy tokens identical to transformers on 4 prompts x 16 tokens: {'yes' if agree else 'NO'}."
     )
-    print(table)
-    print(notes)
-    if args.record:
-        append_to_doc(args.record, "Offline engine vs transformers generate", table, notes)
+    publish(args.record, "Offline engine vs transformers generate", table, notes)
     return 0

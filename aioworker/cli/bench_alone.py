@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 
+from aioworker.bench.report import format_table, publish
 from aioworker.cli.common import config_from_args, fail
 from aioworker.config import ConfigError
 
 
 def run_control_plane(args: argparse.Namespace) -> int:
     from aioworker.bench import control_plane
-    from aioworker.bench.report import append_to_doc, format_table
 
     result = control_plane.run()
     ours, event, poll = result["latency"], result["echo_event"], result["echo_poll"]
@@ -29,10 +29,7 @@ def run_control_plane(args: argparse.Namespace) -> int:
         f"{result['loop_us_per_step'] / 1000:.3f} ms wall, "
         f"{result['loop_cpu_us_per_step'] / 1000:.3f} ms of the loop thread's CPU."
     )
-    print(table)
-    print(notes)
-    if args.record:
-        append_to_doc(args.record, "Control plane (fake executor, loopback ipc)", table, notes)
+    publish(args.record, "Control plane (fake executor, loopback ipc)", table, notes)
     return 0
 
 
@@ -40,7 +37,6 @@ def run_api(args: argparse.Namespace) -> int:
     import statistics
 
     from aioworker.bench import api
-    from aioworker.bench.report import append_to_doc, format_table
 
     runs = api.run()
     median = {key: statistics.median(values) for key, values in runs.items()}
@@ -71,17 +67,12 @@ def run_api(args: argparse.Namespace) -> int:
         "can; outputs of one request that arrive while the gateway is still writing are sent in "
         "one write (every token still reaches the client, as its own event)."
     )
-    print(table, notes, sep="\n")
-    if args.record:
-        append_to_doc(
-            args.record, "HTTP gateway against the raw client (fake executor)", table, notes
-        )
+    publish(args.record, "HTTP gateway against the raw client (fake executor)", table, notes)
     return 0
 
 
 def run_chat(args: argparse.Namespace) -> int:
     from aioworker.bench import chat_turns
-    from aioworker.bench.report import append_to_doc, format_table
     from aioworker.engine import LLMEngine
 
     try:
@@ -111,15 +102,12 @@ def run_chat(args: argparse.Namespace) -> int:
         f"each run: {turn4} ms). A system prompt of {num_system} tokens, greedy replies of up to "
         f"{chat_turns.REPLY.max_tokens} tokens added to the history."
     )
-    print(table, notes, sep="\n")
-    if args.record:
-        append_to_doc(args.record, "Prefix caching: a 4-turn chat (embedded model)", table, notes)
+    publish(args.record, "Prefix caching: a 4-turn chat (embedded model)", table, notes)
     return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from aioworker.bench import serving
-    from aioworker.bench.report import append_to_doc, format_table
     from aioworker.cli.serve import worker_config_argv
     from aioworker.engine import LLMEngine
 
@@ -136,9 +124,7 @@ def run_serve(args: argparse.Namespace) -> int:
     runs = serving.run_serving(worker_config_argv(args), tokenizer, ["completions", "chat"])
     header, rows, notes = serving.report(runs, offline)
     table = format_table(header, rows)
-    print(table, notes, sep="\n")
-    if args.record:
-        append_to_doc(args.record, f"Serving on the CPU, {dtype}", table, notes)
+    publish(args.record, f"Serving on the CPU, {dtype}", table, notes)
     return 0
 
 
@@ -146,7 +132,6 @@ def run_spec(args: argparse.Namespace) -> int:
     import msgspec
 
     from aioworker.bench import speculation
-    from aioworker.bench.report import append_to_doc
     from aioworker.config import SpeculativeOptions
     from aioworker.engine import LLMEngine
 
@@ -163,17 +148,13 @@ def run_spec(args: argparse.Namespace) -> int:
     with engine:
         result = speculation.run(engine)
     tables, notes = speculation.tables(result, config.speculative)
-    print(*tables, notes, sep="\n\n")
-    if args.record:
-        append_to_doc(
-            args.record, "Speculative decoding, n-gram (embedded model)", "\n\n".join(tables), notes
-        )
+    title = "Speculative decoding, n-gram (embedded model)"
+    publish(args.record, title, "\n\n".join(tables), notes)
     return 0
 
 
 def run_spec_gpu(record: str | None) -> int:
     from aioworker.bench import gpu_spec
-    from aioworker.bench.report import append_to_doc
 
     for title, measure in (
         ("Speculative decoding: the verify step (GPU)", gpu_spec.verify_cost),
@@ -182,9 +163,7 @@ def run_spec_gpu(record: str | None) -> int:
         ("Speculative decoding never slower (GPU)", gpu_spec.never_slower),
     ):
         table, notes = measure()
-        print(table, notes, sep="\n", flush=True)
-        if record:
-            append_to_doc(record, title, table, notes)
+        publish(record, title, table, notes)
     return 0
 
 
@@ -198,7 +177,6 @@ def run_quant(args: argparse.Namespace) -> int:
     import msgspec
 
     from aioworker.bench import quantization
-    from aioworker.bench.report import append_to_doc
     from aioworker.engine import LLMEngine
 
     try:
@@ -221,15 +199,12 @@ def run_quant(args: argparse.Namespace) -> int:
         f"{quantization.REPEATS} runs. Quantized: the decoder's projections, weight-only, their "
         "products in bfloat16; the LM head dense, in the model's dtype."
     )
-    print(table, notes, sep="\n\n")
-    if args.record:
-        append_to_doc(args.record, "Quantized weights on the CPU", table, notes)
+    publish(args.record, "Quantized weights on the CPU", table, notes)
     return 0
 
 
 def run_guided(args: argparse.Namespace) -> int:
     from aioworker.bench import guided
-    from aioworker.bench.report import append_to_doc
     from aioworker.engine import LLMEngine
 
     try:
@@ -243,20 +218,15 @@ def run_guided(args: argparse.Namespace) -> int:
         results, compile_ms = guided.run(engine, (1, 64) if on_gpu else (8,))
         where = f"{engine.loaded.model_dir.name}, {engine.loaded.device}, {engine.loaded.dtype}"
     table, notes = guided.table(results, compile_ms, where)
-    print(table, notes, sep="\n\n")
-    if args.record:
-        append_to_doc(args.record, "Guided decoding: per-step cost", table, notes)
+    publish(args.record, "Guided decoding: per-step cost", table, notes)
     return 0
 
 
 def run_expert_parallel(args: argparse.Namespace) -> int:
     from aioworker.bench import moe_parallel
-    from aioworker.bench.report import append_to_doc
 
     table, notes = moe_parallel.run()
-    print(table, notes, sep="\n")
-    if args.record:
-        append_to_doc(args.record, "MoE experts across two CPU ranks (ep)", table, notes)
+    publish(args.record, "MoE experts across two CPU ranks (ep)", table, notes)
     return 0
 
 

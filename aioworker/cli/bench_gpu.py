@@ -61,7 +61,7 @@ def run_gpu(
         gpu_quant,
         gpu_run,
     )
-    from aioworker.bench.report import append_to_doc
+    from aioworker.bench.report import publish
 
     limits = gpu.measure_limits()
     print(
@@ -82,7 +82,5 @@ def run_gpu(
     }
     for name in workloads:
         table, notes = runners[name]()
-        print(table, notes, sep="\n", flush=True)
-        if record:
-            append_to_doc(record, f"GPU workload {name.upper()}", table, notes)
+        publish(record, f"GPU workload {name.upper()}", table, notes)
     return 0
