@@ -63,6 +63,6 @@ def append_to_doc(path: str | Path, title: str, table: str, notes: str = "") -> 
 def publish(record: str | Path | None, title: str, table: str, notes: str = "") -> None:
     """Print a benchmark's table and notes, and with `record` (a file) append them to it, dated
     and under `title`, as `append_to_doc` does."""
-    print(table, notes, sep="\n\n", flush=True)
+    print(table, notes, sep="\n", flush=True)
     if record:
         append_to_doc(record, title, table, notes)

@@ -101,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workload and len(args.workload) == 1 and args.workload[0] in ALONE:
         return ALONE[args.workload[0]](args)
     if args.workload and set(ALONE) & set(args.workload):
-        return fail(
-            "run --workload control, api, chat, serve, spec, quant, guided or ep on its own"
-        )
+        *others, last = ALONE
+        return fail(f"run --workload {', '.join(others)} or {last} on its own")
     return run_offline(args)
 
 

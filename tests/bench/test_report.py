@@ -26,7 +26,7 @@ def test_publish_prints_and_appends_only_when_asked(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(report, "machine_description", lambda: "the machine")
     doc = tmp_path / "benchmarks.md"
     report.publish(None, "Title", "| a |", "the notes")
-    assert capsys.readouterr().out == "| a |\n\nthe notes\n"
+    assert capsys.readouterr().out == "| a |\nthe notes\n"
     assert not doc.exists()
     report.publish(doc, "Title", "| a |", "the notes")
     text = doc.read_text()
